@@ -1,0 +1,28 @@
+"""Schema of the planner and shift strategy (nested under `deploy.planner`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class PlannerConfig:
+    """How and when the pivot deployment shifts devices (DESIGN §4.3)."""
+
+    strategy: str = "pivot"
+    """Shift strategy by registry name: pivot | static | rule | vanilla."""
+    migration: bool = True
+    """Shift-time sequence migration (off = the 'pivot without migration' ablation)."""
+    horizon_s: float = 60.0
+    """H: seconds a throughput gain is expected to last; benefit = H*(T_cand - T_now) - phi."""
+    tick_s: float = 5.0
+    """Monitor tick interval in seconds; the planner also runs on batch-ready and training-done."""
+    rule_up_kv: float = 0.8
+    """`rule` strategy: shift a role up when its KV utilisation is above this."""
+    rule_down_kv: float = 0.1
+    """`rule` strategy: shift a role down when its KV utilisation is below this."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.horizon_s, (int, float)) and not self.horizon_s > 0:
+            raise ValueError(f"deploy.planner.horizon_s (H) must be > 0 seconds, got {self.horizon_s}")
+        if isinstance(self.tick_s, (int, float)) and not self.tick_s > 0:
+            raise ValueError(f"deploy.planner.tick_s must be > 0 seconds, got {self.tick_s}")

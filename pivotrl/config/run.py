@@ -1,0 +1,47 @@
+"""Schemas of the RL loop (`train`) and of run outputs (`logging`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class TrainConfig:
+    """The RL loop, common to every runtime."""
+
+    steps: int = 6
+    """RL steps (policy updates) to run, warm-up included."""
+    warmup_steps: int = 1
+    """Leading steps excluded from throughput (DESIGN §4.6)."""
+    prompts_per_step: int = 64
+    """Prompts per training batch."""
+    group_size: int = 8
+    """G: responses per prompt (GRPO group)."""
+    resume: bool = False
+    """Continue from the last checkpoint in the run folder."""
+    checkpoint_every: int = 1
+    """Checkpoint every this many steps (real runtimes)."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "prompts_per_step", "group_size", "checkpoint_every"):
+            v = getattr(self, name)
+            if isinstance(v, int) and v < 1:
+                raise ValueError(f"train.{name} must be >= 1, got {v}")
+        if isinstance(self.warmup_steps, int) and not 0 <= self.warmup_steps < max(self.steps, 1):
+            raise ValueError(f"train.warmup_steps must be in [0, train.steps={self.steps}), got {self.warmup_steps}")
+
+
+@dataclass
+class LoggingConfig:
+    """Where a run's records go besides its run folder."""
+
+    wandb_mode: str = "auto"
+    """wandb mode: auto (online if logged in, else offline) | online | offline | disabled."""
+    wandb_project: str = "pivotrl"
+    """wandb project name."""
+    progress: bool = True
+    """Show progress bars on long work."""
+
+    def __post_init__(self) -> None:
+        allowed = ("auto", "online", "offline", "disabled")
+        if self.wandb_mode not in allowed:
+            raise ValueError(f"logging.wandb_mode must be one of {allowed}, got {self.wandb_mode!r}")
