@@ -1,0 +1,97 @@
+"""Character-level tokenizer for the tiny models, saved in Hugging Face format.
+
+Owns: the vocabulary (special tokens, then one token per printable character), the chat template,
+and saving/loading the tokenizer folder. Knows nothing about models or training.
+
+Why character level: the project has no pretrained tokenizer (no internet), and arithmetic word
+problems need only printable ASCII. One token per character also makes digits their own tokens,
+which is what lets a tiny model learn arithmetic at all.
+
+The tokenizer is a plain `transformers.PreTrainedTokenizerFast` backed by a `tokenizers`
+WordLevel model, so `AutoTokenizer.from_pretrained(folder)` loads it, and so does vLLM (which uses
+`AutoTokenizer`). The chat template renders verl-style `prompt` messages as
+
+    <|user|>{content}<|eos|><|assistant|>{response}<|eos|>
+
+so a generation stops at `<|eos|>` (the model's `eos_token_id`).
+
+Public API:
+    build_tokenizer() -> PreTrainedTokenizerFast
+    save_tokenizer(path) -> Path
+    load_tokenizer(path) -> PreTrainedTokenizerFast     (clear error if the folder does not load)
+    PAD_TOKEN, EOS_TOKEN, UNK_TOKEN, ROLE_TOKENS, CHAT_TEMPLATE, VOCAB_SIZE
+"""
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+PAD_TOKEN = "<|pad|>"
+EOS_TOKEN = "<|eos|>"
+UNK_TOKEN = "<|unk|>"
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
+SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN, *ROLE_TOKENS)
+
+# Printable ASCII without the rare whitespace kinds (tab, CR, vertical tab, form feed).
+CHARACTERS = string.digits + string.ascii_letters + string.punctuation + " \n"
+
+VOCAB_SIZE = len(SPECIAL_TOKENS) + len(CHARACTERS)
+
+# Jinja template used by `apply_chat_template`. Every turn ends with EOS so the assistant learns to
+# stop; `add_generation_prompt` opens an assistant turn for the model to complete.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|eos|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """The character-level tokenizer (same vocabulary and ids every call)."""
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for ch in CHARACTERS:
+        vocab[ch] = len(vocab)
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
+    # Every character (newline included) is its own piece; special tokens are matched before this.
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    # Fuse joins the pieces back with no separator, so decode(encode(s)) == s.
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens(list(SPECIAL_TOKENS))
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token=PAD_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        additional_special_tokens=list(ROLE_TOKENS),
+        clean_up_tokenization_spaces=False,
+        model_max_length=4096,
+        padding_side="left",
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def save_tokenizer(path: str | Path) -> Path:
+    """Write the tokenizer files (tokenizer.json, tokenizer_config.json, chat template) to `path`."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    build_tokenizer().save_pretrained(str(path))
+    return path
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """Load a tokenizer folder with `AutoTokenizer`; raise ValueError naming the folder if it fails."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"tokenizer folder {str(path)!r} does not exist or is not a directory")
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # noqa: BLE001 - re-raised with the folder named
+        raise ValueError(f"tokenizer folder {str(path)!r} does not load: {type(e).__name__}: {e}") from e
+    if tok.eos_token_id is None or tok.pad_token_id is None:
+        raise ValueError(f"tokenizer folder {str(path)!r} has no eos or pad token")
+    return tok
