@@ -6,7 +6,8 @@ Owns: the tiny model dimensions (`TinyModelConfig`) and writing a random-init
 about training: `pivotrl.models.bootstrap` SFT-trains these folders.
 
 Public API (others rely on it):
-    TinyModelConfig(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+    TinyModelConfig(   (defined in pivotrl.config.rl, re-exported here)
+                    hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                     intermediate_size=512, max_position_embeddings=512, dtype="float32",
                     vocab_size=128, tie_word_embeddings=True, rope_theta=10000.0)
         .head_dim -> int;  .validate() raises ValueError naming the bad field
@@ -26,73 +27,25 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
+from pivotrl.config.rl import TinyModelConfig
 from pivotrl.models.tokenizer import VOCAB_SIZE, build_tokenizer, load_tokenizer
 
+__all__ = ["TinyModelConfig", "qwen2_config", "create_tiny_model", "load_tiny_model", "save_model_folder"]
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class TinyModelConfig:
-    """Dimensions of one tiny Qwen2 model."""
-
-    hidden_size: int = 128
-    """Width of the residual stream."""
-    num_layers: int = 2
-    """Number of decoder layers."""
-    num_heads: int = 4
-    """Attention (query) heads; hidden_size / num_heads is the head dim (multiple of 16)."""
-    num_kv_heads: int = 2
-    """Key/value heads (grouped-query attention); must divide num_heads."""
-    intermediate_size: int = 512
-    """Width of the MLP."""
-    max_position_embeddings: int = 512
-    """Longest sequence (prompt + response) the model is configured for."""
-    dtype: str = "float32"
-    """Weight dtype on disk: float32, bfloat16 or float16."""
-    vocab_size: int = 128
-    """Embedding rows; >= the tokenizer's vocabulary, padded to a round number."""
-    tie_word_embeddings: bool = True
-    """Share input embedding and LM head (halves the parameters of a tiny model)."""
-    rope_theta: float = 10000.0
-    """RoPE base."""
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    def validate(self) -> None:
-        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
-                     "max_position_embeddings", "vocab_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TinyModelConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"TinyModelConfig.hidden_size ({self.hidden_size}) must be divisible by "
-                             f"num_heads ({self.num_heads})")
-        if self.head_dim % 16:
-            raise ValueError(f"TinyModelConfig head_dim = hidden_size/num_heads = {self.head_dim} must be "
-                             "a multiple of 16 (vLLM's CPU attention kernels)")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"TinyModelConfig.num_kv_heads ({self.num_kv_heads}) must divide num_heads "
-                             f"({self.num_heads})")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"TinyModelConfig.dtype {self.dtype!r} is not one of {sorted(_DTYPES)}")
-        if self.vocab_size < VOCAB_SIZE:
-            raise ValueError(f"TinyModelConfig.vocab_size ({self.vocab_size}) must be >= the tokenizer's "
-                             f"{VOCAB_SIZE} tokens")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def qwen2_config(cfg: TinyModelConfig) -> Qwen2Config:
     """The `transformers` config for `cfg`, with the tokenizer's special-token ids."""
     cfg.validate()
+    if cfg.vocab_size < VOCAB_SIZE:
+        raise ValueError(f"TinyModelConfig.vocab_size ({cfg.vocab_size}) must be >= the tokenizer's "
+                         f"{VOCAB_SIZE} tokens")
     tok = build_tokenizer()
     return Qwen2Config(
         vocab_size=cfg.vocab_size,

@@ -1,0 +1,189 @@
+"""Schemas of the tiny real task: data, rewards, tiny model dimensions and their SFT bootstrap.
+
+Owns: `DataConfig`, `RewardConfig`, `TinyModelConfig`, `BootstrapConfig` and `SyncLoopConfig`
+(pure dataclasses, a docstring per field, validated in `__post_init__`). Imports no torch, so
+`pivotrl.models.tiny` and `pivotrl.models.bootstrap` import these, not the other way round.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_DTYPES = ("float32", "bfloat16", "float16")
+_EXTRACTORS = ("strict", "flexible")
+
+
+@dataclass
+class DataConfig:
+    """RL prompts: synthetic arithmetic word problems, or the user's verl-format parquet."""
+
+    train_path: str | None = None
+    """verl-format train parquet; null: generate the synthetic task into the cache."""
+    val_path: str | None = None
+    """verl-format validation parquet; null: generate the synthetic task into the cache."""
+    num_train: int = 4000
+    """Synthetic train prompts (ignored when `train_path` is set)."""
+    num_val: int = 200
+    """Synthetic validation prompts (ignored when `val_path` is set)."""
+    seed: int = 0
+    """Seed of the synthetic generator (train and val use separate streams)."""
+    min_operand: int = 0
+    """Smallest operand of a synthetic problem."""
+    max_operand: int = 9
+    """Largest operand of a synthetic problem (small keeps the task learnable by a tiny model)."""
+    ops: tuple[str, ...] = ("+", "-")
+    """Operators of the synthetic problems: any of '+', '-'."""
+    max_prompt_length: int = 128
+    """Longest prompt in tokens (characters) after the chat template; longer prompts are an error."""
+    max_response_length: int = 24
+    """Most tokens the policy may generate per response."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_train", "num_val", "max_prompt_length", "max_response_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"data.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.min_operand <= self.max_operand:
+            raise ValueError(f"data.min_operand/max_operand need 0 <= min <= max, got "
+                             f"{self.min_operand}, {self.max_operand}")
+        self.ops = tuple(self.ops)
+        bad = [o for o in self.ops if o not in ("+", "-")]
+        if bad or not self.ops:
+            raise ValueError(f"data.ops {list(self.ops)!r}: each must be one of ['+', '-']")
+
+
+@dataclass
+class RewardConfig:
+    """R = verifiable_weight * R_verifiable + genrm_weight * R_genrm."""
+
+    verifiable_weight: float = 1.0
+    """Weight of the verifiable reward (final answer == ground truth)."""
+    genrm_weight: float = 1.0
+    """Weight of the GenRM's parsed score; 0 disables the GenRM."""
+    answer_extraction: str = "strict"
+    """How the final answer is found: strict (after the last '####') | flexible (last integer)."""
+    custom_reward_function: str | None = None
+    """Import path 'module:function' (or 'module.function', 'file.py:function') of a verl-style
+    compute_score(data_source, solution_str, ground_truth, extra_info); replaces the verifiable reward."""
+    genrm_parser: str = "score_line"
+    """Registered GenRM score parser (pivotrl.rl.genrm.SCORE_PARSERS)."""
+    genrm_max_tokens: int = 32
+    """Most tokens the GenRM may write per judgement."""
+    genrm_temperature: float = 0.0
+    """GenRM sampling temperature (0 = greedy: a judge should be deterministic)."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.verifiable_weight < 0 or self.genrm_weight < 0:
+            raise ValueError(f"reward.verifiable_weight/genrm_weight must be >= 0, got "
+                             f"{self.verifiable_weight}, {self.genrm_weight}")
+        if self.answer_extraction not in _EXTRACTORS:
+            raise ValueError(f"reward.answer_extraction {self.answer_extraction!r} is not one of {list(_EXTRACTORS)}")
+        if self.genrm_max_tokens < 1:
+            raise ValueError(f"reward.genrm_max_tokens must be >= 1, got {self.genrm_max_tokens}")
+        if self.genrm_temperature < 0:
+            raise ValueError(f"reward.genrm_temperature must be >= 0, got {self.genrm_temperature}")
+
+
+@dataclass
+class TinyModelConfig:
+    """Dimensions of one tiny Qwen2 model (sizes vLLM's CPU build accepts)."""
+
+    hidden_size: int = 128
+    """Width of the residual stream."""
+    num_layers: int = 2
+    """Number of decoder layers."""
+    num_heads: int = 4
+    """Attention (query) heads; hidden_size / num_heads is the head dim (multiple of 16)."""
+    num_kv_heads: int = 2
+    """Key/value heads (grouped-query attention); must divide num_heads."""
+    intermediate_size: int = 512
+    """Width of the MLP."""
+    max_position_embeddings: int = 512
+    """Longest sequence (prompt + response) the model is configured for."""
+    dtype: str = "float32"
+    """Weight dtype on disk: float32 | bfloat16 | float16."""
+    vocab_size: int = 128
+    """Embedding rows; >= the tokenizer's vocabulary, padded to a round number."""
+    tie_word_embeddings: bool = True
+    """Share input embedding and LM head (halves the parameters of a tiny model)."""
+    rope_theta: float = 10000.0
+    """RoPE base."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def validate(self) -> None:
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+                     "max_position_embeddings", "vocab_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TinyModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"TinyModelConfig.hidden_size ({self.hidden_size}) must be divisible by "
+                             f"num_heads ({self.num_heads})")
+        if self.head_dim % 16:
+            raise ValueError(f"TinyModelConfig head_dim = hidden_size/num_heads = {self.head_dim} must be "
+                             "a multiple of 16 (vLLM's CPU attention kernels)")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"TinyModelConfig.num_kv_heads ({self.num_kv_heads}) must divide num_heads "
+                             f"({self.num_heads})")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"TinyModelConfig.dtype {self.dtype!r} is not one of {list(_DTYPES)}")
+
+
+def default_cache_dir() -> Path:
+    """`$PIVOTRL_CACHE`, else `~/.cache/pivotrl`."""
+    env = os.environ.get("PIVOTRL_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "pivotrl"
+
+
+@dataclass
+class BootstrapConfig:
+    """SFT bootstrap of the tiny policy and GenRM. Every field is part of the cache key."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    """The task both models are trained on (its synthetic generator settings)."""
+    policy: TinyModelConfig = field(default_factory=TinyModelConfig)
+    """Policy dimensions."""
+    genrm: TinyModelConfig = field(default_factory=TinyModelConfig)
+    """GenRM dimensions."""
+    seed: int = 0
+    """Seed of model init, SFT data and batching."""
+    policy_steps: int = 300
+    """SFT optimizer steps for the policy (small on purpose: the policy should be partly right)."""
+    policy_label_noise: float = 0.5
+    """Fraction of policy SFT answers replaced by a near miss, so sampling is partly right."""
+    genrm_steps: int = 600
+    """SFT optimizer steps for the GenRM."""
+    genrm_wrong_fraction: float = 0.5
+    """Fraction of GenRM SFT examples whose response is wrong (teaches 'score: 0')."""
+    batch_size: int = 64
+    """Sequences per SFT step."""
+    lr: float = 3e-3
+    """Peak AdamW learning rate (linear warm-up, cosine decay)."""
+    warmup_steps: int = 20
+    """Linear warm-up steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    eval_size: int = 200
+    """Held-out prompts for the reported accuracy and GenRM agreement."""
+    num_threads: int = 2
+    """torch threads during bootstrap (the machine is shared; keep it small)."""
+
+    def __post_init__(self) -> None:
+        for name in ("policy_steps", "genrm_steps", "batch_size", "eval_size", "num_threads"):
+            if getattr(self, name) < 0 or (name != "policy_steps" and name != "genrm_steps" and getattr(self, name) < 1):
+                raise ValueError(f"bootstrap.{name} must be >= 1 (steps >= 0), got {getattr(self, name)}")
+        for name in ("policy_label_noise", "genrm_wrong_fraction"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"bootstrap.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"bootstrap.lr must be > 0, got {self.lr}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"bootstrap.warmup_steps must be >= 0, got {self.warmup_steps}")
