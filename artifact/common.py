@@ -1,0 +1,84 @@
+"""Shared helpers for the artifact: compose a config, run it in-process, collect results.
+
+Each artifact item (`artifact/<item>/run.py`) builds a list of override lists, runs each through
+`pivotrl.run.run` (the same path as `python train.py`), reads the run folders' files, and writes a
+CSV and a PNG under `artifact/results/<item>/`. Plots read the files, never wandb.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "artifact" / "results"
+MODEL_GROUPS = ["qwen1.5b_glm9b", "qwen7b_qwen30b", "qwen32b_qwen30b", "qwen72b_qwen122b"]
+MODES = ["colocated", "disaggregated", "rr_colocated", "pivot"]
+
+
+def compose(overrides: list[str]) -> Any:
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from pivotrl.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        return OmegaConf.to_object(hcompose("config", overrides=overrides))
+
+
+def run_one(overrides: list[str], run_dir: Path) -> dict[str, Any]:
+    """Run one config into `run_dir` (reusing a finished run there) and return its summary."""
+    from pivotrl.run import run
+
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists():
+        return json.loads(summary_path.read_text())
+    cfg = compose(overrides + ["logging.wandb_mode=disabled", "logging.progress=false"])
+    run(cfg, run_dir)
+    return json.loads(summary_path.read_text())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_csv(rows: Iterable[dict[str, Any]], path: Path) -> Path:
+    rows = list(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cols: list[str] = []
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {path}")
+    return path
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def item_parser(item: str, doc: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=doc)
+    p.add_argument("--quick", action="store_true", help="kick-the-tires variant: small and fast")
+    p.add_argument("--out", type=Path, default=RESULTS / item, help="results folder")
+    p.add_argument("--plot-only", action="store_true", help="re-plot from an existing CSV")
+    return p
+
+
+def plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as pyplot
+
+    return pyplot

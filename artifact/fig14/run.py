@@ -1,0 +1,52 @@
+"""Fig. 14: sensitivity to the horizon H: throughput and shifts per step, qwen7b_qwen30b.
+`python -m artifact.fig14.run [--quick]`."""
+from __future__ import annotations
+
+import sys
+
+from artifact.common import item_parser, plt, read_csv, run_one, write_csv
+
+HORIZONS = [0.01, 5, 30, 60, 90, 120, 600]
+
+
+def collect(out, quick: bool) -> list[dict]:
+    hs = [0.01, 60, 600] if quick else HORIZONS
+    base = ["experiment=quick", "models=qwen1.5b_glm9b"] if quick else ["experiment=fig14"]
+    rows = []
+    for h in hs:
+        s = run_one([*base, "deploy=pivot", f"deploy.planner.horizon_s={h}"], out / "runs" / f"H{h}")
+        measured = max(int(s["steps"]) - int(s.get("warmup_steps", 0)), 1)
+        rows.append({"horizon_s": h, "throughput_tokens_per_s": s["throughput_tokens_per_s"],
+                     "num_shifts": s["num_shifts"],
+                     "shifts_per_step": s.get("shifts_per_step", s["num_shifts"] / measured)})
+    return rows
+
+
+def plot(csv_path, png_path) -> None:
+    rows = read_csv(csv_path)
+    xs = [str(r["horizon_s"]) for r in rows]
+    p = plt()
+    fig, ax = p.subplots(figsize=(5.5, 3.4))
+    ax.bar(xs, [float(r["throughput_tokens_per_s"]) for r in rows], color="#2a7")
+    ax.set_xlabel("H (s)")
+    ax.set_ylabel("tokens / s")
+    ax2 = ax.twinx()
+    ax2.plot(xs, [float(r["shifts_per_step"]) for r in rows], "o-", color="#c33")
+    ax2.set_ylabel("shifts per step", color="#c33")
+    ax.set_title("Sensitivity to H")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    print(f"wrote {png_path}")
+
+
+def main(argv=None) -> int:
+    args = item_parser("fig14", __doc__).parse_args(argv)
+    csv_path = args.out / "fig14.csv"
+    if not args.plot_only:
+        write_csv(collect(args.out, args.quick), csv_path)
+    plot(csv_path, args.out / "fig14.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Fig. 9: end-to-end throughput of 4 model groups x 4 deployment modes (simulated H20 cluster),
+with pivot's speed-up over each baseline. `python -m artifact.fig9.run [--quick]`."""
+from __future__ import annotations
+
+import sys
+
+from artifact.common import MODEL_GROUPS, MODES, item_parser, plt, read_csv, run_one, write_csv
+
+
+def collect(out, quick: bool) -> list[dict]:
+    groups = ["qwen1.5b_glm9b"] if quick else MODEL_GROUPS
+    exp = "experiment=quick" if quick else "experiment=fig9"
+    rows = []
+    for g in groups:
+        per_mode = {}
+        for m in MODES:
+            s = run_one([exp, f"models={g}", f"deploy={m}"], out / "runs" / f"{g}_{m}")
+            per_mode[m] = s
+            rows.append({"models": g, "deploy": m, "throughput_tokens_per_s": s["throughput_tokens_per_s"],
+                         "ideal_efficiency": s["ideal_efficiency"], "num_shifts": s["num_shifts"],
+                         "allocation": s.get("allocation", ""),
+                         "paper_allocation_throughput": s.get("paper_allocation_throughput", "")})
+        piv = per_mode["pivot"]["throughput_tokens_per_s"]
+        for r in rows:
+            if r["models"] == g:
+                r["pivot_speedup"] = piv / r["throughput_tokens_per_s"] if r["throughput_tokens_per_s"] else ""
+    return rows
+
+
+def plot(csv_path, png_path) -> None:
+    rows = read_csv(csv_path)
+    groups = list(dict.fromkeys(r["models"] for r in rows))
+    p = plt()
+    fig, ax = p.subplots(figsize=(2.6 * len(groups) + 2, 3.6))
+    width = 0.8 / len(MODES)
+    for i, m in enumerate(MODES):
+        ys = [float(next(r for r in rows if r["models"] == g and r["deploy"] == m)["throughput_tokens_per_s"])
+              for g in groups]
+        xs = [j + i * width for j in range(len(groups))]
+        bars = ax.bar(xs, ys, width, label=m)
+        if m != "pivot":
+            for b, g in zip(bars, groups):
+                sp = next(r for r in rows if r["models"] == g and r["deploy"] == m)["pivot_speedup"]
+                if sp:
+                    ax.text(b.get_x() + width / 2, b.get_height(), f"x{float(sp):.2f}", ha="center",
+                            va="bottom", fontsize=7)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))], groups, fontsize=8)
+    ax.set_ylabel("tokens / s")
+    ax.set_title("End-to-end throughput (x = pivot speed-up over the mode)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    print(f"wrote {png_path}")
+
+
+def main(argv=None) -> int:
+    args = item_parser("fig9", __doc__).parse_args(argv)
+    csv_path = args.out / "fig9.csv"
+    if not args.plot_only:
+        write_csv(collect(args.out, args.quick), csv_path)
+    plot(csv_path, args.out / "fig9.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
