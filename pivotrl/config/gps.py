@@ -1,0 +1,70 @@
+"""`GPSConfig`: the settings of the Global Parameter Storage (DESIGN.md §4.4).
+
+Owns only the dataclass and its own cross-field checks. Knows nothing about Hydra (the config
+package registers it) and nothing about torch or Ray, so the pure GPS planner can take it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Transport names accepted by `GPSConfig.transport` (keys of `pivotrl.gps.transports.TRANSPORTS`).
+TRANSPORT_NAMES = ("shm", "ray", "nixl")
+
+
+@dataclass
+class GPSConfig:
+    """Global Parameter Storage settings. Defaults model a Hopper node (paper §5.1: PCIe 63 GB/s,
+    RDMA 50 GB/s) with a 64 GiB host-memory budget for GPS per node."""
+
+    node_memory_budget_bytes: int = 64 * 2**30
+    """Host memory each node may spend on GPS, over all registered models. Placement picks full
+    replication when every model fits, else the smallest shard group `k` that fits."""
+
+    write_headroom_versions: int = 1
+    """Extra versions a writable (non-frozen) model may hold during a write (the version being
+    written while readers still hold the old one). Placement reserves this room, so a write never
+    runs out of budget; frozen models (GenRM) reserve none."""
+
+    local_bandwidth_bytes_per_s: float = 63e9
+    """Estimated bandwidth of a node-local link (host memory of the device's own node, PCIe)."""
+
+    remote_bandwidth_bytes_per_s: float = 50e9
+    """Estimated bandwidth of a remote link (another node's host memory, RDMA fabric)."""
+
+    transfer_overhead_s: float = 20e-6
+    """Fixed estimated cost of issuing one point-to-point transfer, added to bytes/bandwidth."""
+
+    prefer_local: bool = True
+    """When a slice has a holder on the receiving device's own node, use only node-local holders
+    (paper App. B.1: full replication makes every Read node-local). False gives the pure
+    latency-balanced greedy of App. B.2 over all holders."""
+
+    transport: str = "shm"
+    """How bytes move: `shm` (one process, `/dev/shm`-backed tensors), `ray` (one store actor per
+    node, shared memory on the node, Ray object transfer across nodes), `nixl` (needs `nixl`)."""
+
+    shm_dir: str = "/dev/shm"
+    """Directory of the shared-memory files that back stored tensors (tmpfs, so pages are RAM)."""
+
+    alignment_bytes: int = 64
+    """Each stored tensor chunk starts at a multiple of this many bytes inside its node buffer."""
+
+    plan_cache_size: int = 4096
+    """Most read/write plans kept in the plan cache (least recently used ones are dropped)."""
+
+    def __post_init__(self) -> None:
+        if self.node_memory_budget_bytes <= 0:
+            raise ValueError(f"gps.node_memory_budget_bytes must be > 0, got {self.node_memory_budget_bytes}")
+        if self.write_headroom_versions < 0:
+            raise ValueError(f"gps.write_headroom_versions must be >= 0, got {self.write_headroom_versions}")
+        for name in ("local_bandwidth_bytes_per_s", "remote_bandwidth_bytes_per_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"gps.{name} must be > 0, got {getattr(self, name)}")
+        if self.transfer_overhead_s < 0:
+            raise ValueError(f"gps.transfer_overhead_s must be >= 0, got {self.transfer_overhead_s}")
+        if self.transport not in TRANSPORT_NAMES:
+            raise ValueError(f"gps.transport={self.transport!r}; allowed: {', '.join(TRANSPORT_NAMES)}")
+        if self.alignment_bytes <= 0 or self.alignment_bytes & (self.alignment_bytes - 1):
+            raise ValueError(f"gps.alignment_bytes must be a power of two, got {self.alignment_bytes}")
+        if self.plan_cache_size < 1:
+            raise ValueError(f"gps.plan_cache_size must be >= 1, got {self.plan_cache_size}")

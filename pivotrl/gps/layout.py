@@ -1,0 +1,326 @@
+"""Model shapes and parallel layouts over Hugging Face Qwen2 state-dict names (pure: stdlib only).
+
+Owns: `TensorSpec`/`ModelSpec` (every tensor's name, shape and dtype, built from a model config
+without materialising weights), `Layout` (DP x TP x PP, plus EP for MoE experts, optional fused QKV
+and gate-up), and `device_shards`, which says which box of which stored tensor each rank holds.
+Knows nothing about where bytes live (see placement.py) or how they move (store.py, transports.py).
+
+Partitioning rules (Megatron/vLLM conventions):
+- column-parallel (`q/k/v/gate/up_proj`, and the q/k/v biases, which must be split with their
+  weights for TP to compute the same thing): dim 0 split in TP parts; q/k/v in whole heads;
+- row-parallel (`o_proj`, `down_proj`): dim 1 split; their biases (none in Qwen2) are replicated;
+- vocab-parallel (`embed_tokens`, `lm_head`): dim 0 split;
+- replicated: norms, the MoE router (`mlp.gate`) and `shared_expert_gate`;
+- MoE experts: with `ep > 1` each EP rank holds whole experts `[r*E/ep, (r+1)*E/ep)`; with `ep == 1`
+  they are TP-split like a dense MLP;
+- PP: layers split into `pp` contiguous stages; embedding on the first stage, final norm and
+  `lm_head` on the last (tied embeddings: the embedding on the last stage too);
+- fused QKV: rank holds `self_attn.qkv_proj.{weight,bias}` = cat(q_r, k_r, v_r) on dim 0; fused
+  gate-up: `mlp.gate_up_proj.weight` = cat(gate_r, up_r) on dim 0 (vLLM names).
+Rank order: TP fastest, then PP, then DP (`rank = (dp*pp_size + pp)*tp_size + tp`).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, NamedTuple
+
+DTYPE_BYTES: dict[str, int] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
+    "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}
+
+Box = tuple[tuple[int, int], ...]  # (start, stop) per dim
+
+
+def box_numel(box: Box) -> int:
+    n = 1
+    for a, b in box:
+        n *= b - a
+    return n
+
+
+def full_box(shape: tuple[int, ...]) -> Box:
+    return tuple((0, s) for s in shape)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One stored tensor: HF state-dict name, shape and dtype name (torch name without `torch.`)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"tensor {self.name}: dtype {self.dtype!r} unknown; allowed: {sorted(DTYPE_BYTES)}")
+        if len(self.shape) < 1:
+            raise ValueError(f"tensor {self.name}: 0-d tensors are not supported")
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.itemsize
+
+
+@dataclass(eq=False)
+class ModelSpec:
+    """All tensors of one model plus the head geometry the partitioning rules need.
+
+    Compared by identity: a spec is built once per registered model, and layout caches hang off it."""
+
+    tensors: tuple[TensorSpec, ...]
+    num_layers: int
+    head_dim: int
+    num_experts: int = 0
+    tie_word_embeddings: bool = False
+    _by_name: dict[str, TensorSpec] = field(default_factory=dict, repr=False)
+    _shard_cache: dict["Layout", list] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._by_name = {t.name: t for t in self.tensors}
+        if len(self._by_name) != len(self.tensors):
+            raise ValueError("ModelSpec: duplicate tensor names")
+
+    def __getitem__(self, name: str) -> TensorSpec:
+        return self._by_name[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.tensors]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    @classmethod
+    def from_config(cls, cfg: Any, dtype: str | None = None) -> "ModelSpec":
+        """Shapes of a Qwen2 / Qwen2-MoE `ForCausalLM` from a `transformers` config or a dict of
+        its fields (`vocab_size`, `hidden_size`, `intermediate_size`, `num_hidden_layers`,
+        `num_attention_heads`, optional `num_key_value_heads`, `head_dim`, `tie_word_embeddings`,
+        `torch_dtype`; MoE: `num_experts`, `moe_intermediate_size`,
+        `shared_expert_intermediate_size`). No weights are created."""
+        get = (lambda k, d=None: cfg.get(k, d)) if isinstance(cfg, Mapping) else (lambda k, d=None: getattr(cfg, k, d))
+        for req in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
+            if get(req) is None:
+                raise ValueError(f"model config lacks required field {req!r}")
+        V, H, L = int(get("vocab_size")), int(get("hidden_size")), int(get("num_hidden_layers"))
+        nh = int(get("num_attention_heads"))
+        nkv = int(get("num_key_value_heads") or nh)
+        hd = int(get("head_dim") or H // nh)
+        tie = bool(get("tie_word_embeddings", False))
+        if dtype is None:
+            raw = get("torch_dtype") or get("dtype") or "bfloat16"
+            dtype = str(raw).replace("torch.", "")
+        E = int(get("num_experts") or 0)
+        I = int(get("intermediate_size") or 0)
+        t: list[TensorSpec] = [TensorSpec("model.embed_tokens.weight", (V, H), dtype)]
+        for i in range(L):
+            p = f"model.layers.{i}."
+            t += [TensorSpec(p + "input_layernorm.weight", (H,), dtype)]
+            t += [TensorSpec(p + "self_attn.q_proj.weight", (nh * hd, H), dtype),
+                  TensorSpec(p + "self_attn.q_proj.bias", (nh * hd,), dtype),
+                  TensorSpec(p + "self_attn.k_proj.weight", (nkv * hd, H), dtype),
+                  TensorSpec(p + "self_attn.k_proj.bias", (nkv * hd,), dtype),
+                  TensorSpec(p + "self_attn.v_proj.weight", (nkv * hd, H), dtype),
+                  TensorSpec(p + "self_attn.v_proj.bias", (nkv * hd,), dtype),
+                  TensorSpec(p + "self_attn.o_proj.weight", (H, nh * hd), dtype)]
+            t += [TensorSpec(p + "post_attention_layernorm.weight", (H,), dtype)]
+            if E:
+                mi = int(get("moe_intermediate_size"))
+                t += [TensorSpec(p + "mlp.gate.weight", (E, H), dtype)]
+                for e in range(E):
+                    t += _mlp(p + f"mlp.experts.{e}.", H, mi, dtype)
+                si = int(get("shared_expert_intermediate_size") or 0)
+                if si:
+                    t += _mlp(p + "mlp.shared_expert.", H, si, dtype)
+                    t += [TensorSpec(p + "mlp.shared_expert_gate.weight", (1, H), dtype)]
+            else:
+                t += _mlp(p + "mlp.", H, I, dtype)
+        t += [TensorSpec("model.norm.weight", (H,), dtype)]
+        if not tie:
+            t += [TensorSpec("lm_head.weight", (V, H), dtype)]
+        return cls(tuple(t), num_layers=L, head_dim=hd, num_experts=E, tie_word_embeddings=tie)
+
+
+def _mlp(p: str, H: int, I: int, dtype: str) -> list[TensorSpec]:
+    return [TensorSpec(p + "gate_proj.weight", (I, H), dtype), TensorSpec(p + "up_proj.weight", (I, H), dtype),
+            TensorSpec(p + "down_proj.weight", (H, I), dtype)]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a device group holds a model: `dp*tp*pp` ranks; `ep` ranks share out MoE experts (taken
+    from the DP x TP ranks of a stage, so `ep` must divide `dp*tp`)."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
+
+    def __post_init__(self) -> None:
+        for f in ("dp", "tp", "pp", "ep"):
+            if not isinstance(getattr(self, f), int) or getattr(self, f) < 1:
+                raise ValueError(f"layout.{f} must be an int >= 1, got {getattr(self, f)!r}")
+        if (self.dp * self.tp) % self.ep:
+            raise ValueError(f"layout.ep={self.ep} must divide dp*tp={self.dp * self.tp}")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(dp_rank, pp_rank, tp_rank) of `rank`."""
+        return rank // (self.tp * self.pp), (rank // self.tp) % self.pp, rank % self.tp
+
+
+class Piece(NamedTuple):
+    """`dst_box` of a device tensor equals `src_box` of stored tensor `src` (same extents)."""
+
+    src: str
+    src_box: Box
+    dst_box: Box
+
+
+class LocalTensor(NamedTuple):
+    """One tensor a rank holds: its (possibly fused) name, shape, dtype and where it comes from."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    pieces: tuple[Piece, ...]
+
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.")
+# suffix -> (kind, dim); kinds: col, row, vocab, rep
+_RULES = (
+    ("self_attn.q_proj.", "col", 0), ("self_attn.k_proj.", "col", 0), ("self_attn.v_proj.", "col", 0),
+    ("self_attn.o_proj.weight", "row", 1), ("gate_proj.weight", "col", 0), ("up_proj.weight", "col", 0),
+    ("down_proj.weight", "row", 1), ("embed_tokens.weight", "vocab", 0), ("lm_head.weight", "vocab", 0),
+)
+
+
+def partition_rule(name: str) -> tuple[str, int]:
+    """(kind, split dim) of a stored tensor; unknown names (norms, router, biases of row-parallel
+    layers) are replicated, which is always correct if not the most memory-frugal."""
+    for suffix, kind, dim in _RULES:
+        if suffix in name:
+            return kind, dim
+    return "rep", -1
+
+
+def _stage_of_layers(L: int, pp: int) -> list[int]:
+    bounds = [s * L // pp for s in range(pp + 1)]
+    return [s for s in range(pp) for _ in range(bounds[s], bounds[s + 1])]
+
+
+def validate_layout(spec: ModelSpec, layout: Layout) -> None:
+    """Raise ValueError naming the tensor and dim when `layout` cannot partition `spec`."""
+    if layout.pp > max(spec.num_layers, 1):
+        raise ValueError(f"layout.pp={layout.pp} exceeds num_hidden_layers={spec.num_layers}")
+    if layout.ep > 1:
+        if not spec.num_experts:
+            raise ValueError(f"layout.ep={layout.ep} but the model has no MoE experts")
+        if spec.num_experts % layout.ep:
+            raise ValueError(f"layout.ep={layout.ep} does not divide num_experts={spec.num_experts}")
+    tp = layout.tp
+    for t in spec.tensors:
+        kind, dim = partition_rule(t.name)
+        if kind == "rep" or tp == 1 or (layout.ep > 1 and _EXPERT.search(t.name)):
+            continue
+        unit = spec.head_dim if "self_attn" in t.name else 1
+        if t.shape[dim] % (unit * tp):
+            what = f" ({t.shape[dim] // unit} heads of {unit})" if unit > 1 else ""
+            raise ValueError(f"layout tp={tp} does not divide dim {dim} of {t.name} "
+                             f"(size {t.shape[dim]}{what})")
+
+
+def device_shards(spec: ModelSpec, layout: Layout) -> list[tuple[LocalTensor, ...]]:
+    """For each rank of `layout`, the tensors it holds. DP replicas share the same tuple, and the
+    result is cached on the spec, so a 72B-shaped plan builds each (pp, tp) shard once."""
+    hit = spec._shard_cache.get(layout)
+    if hit is not None:
+        return hit
+    validate_layout(spec, layout)
+    per_coord: dict[tuple[int, int, int], tuple[LocalTensor, ...]] = {}
+    out = []
+    for rank in range(layout.world_size):
+        d, s, r = layout.coords(rank)
+        e = (d * layout.tp + r) % layout.ep
+        key = (s, r, e)
+        if key not in per_coord:
+            per_coord[key] = _rank_tensors(spec, layout, s, r, e)
+        out.append(per_coord[key])
+    spec._shard_cache[layout] = out
+    return out
+
+
+def _rank_tensors(spec: ModelSpec, layout: Layout, stage: int, tp_rank: int, ep_rank: int) -> tuple[LocalTensor, ...]:
+    stage_of = _stage_of_layers(spec.num_layers, layout.pp)
+    last = layout.pp - 1
+    per_ep = spec.num_experts // layout.ep if layout.ep > 1 else 0
+    result: list[LocalTensor] = []
+    fused: dict[str, list[Piece]] = {}  # fused name -> pieces, filled in q,k,v / gate,up order
+    fused_meta: dict[str, tuple[int, str, list[int]]] = {}
+    for t in spec.tensors:
+        m = _LAYER.match(t.name)
+        if m:
+            if stage_of[int(m.group(1))] != stage:
+                continue
+        elif t.name.startswith("model.embed_tokens"):
+            if not (stage == 0 or (spec.tie_word_embeddings and stage == last)):
+                continue
+        elif stage != last:
+            continue
+        kind, dim = partition_rule(t.name)
+        em = _EXPERT.search(t.name)
+        if em and per_ep:
+            if int(em.group(1)) // per_ep != ep_rank:
+                continue
+            kind = "rep"
+        box = list(full_box(t.shape))
+        if kind != "rep" and layout.tp > 1:
+            step = t.shape[dim] // layout.tp
+            box[dim] = (tp_rank * step, (tp_rank + 1) * step)
+        src_box = tuple(box)
+        local_shape = tuple(b - a for a, b in src_box)
+        fname = _fused_name(t.name, layout)
+        if fname is None:
+            result.append(LocalTensor(t.name, local_shape, t.dtype, (Piece(t.name, src_box, full_box(local_shape)),)))
+            continue
+        if fname not in fused:
+            fused[fname] = []
+            fused_meta[fname] = (len(result), t.dtype, list(local_shape[1:]))
+            result.append(None)  # type: ignore[arg-type]  # placeholder keeps the q/gate position
+        pieces = fused[fname]
+        off = sum(p.dst_box[0][1] - p.dst_box[0][0] for p in pieces)
+        dst = ((off, off + local_shape[0]),) + full_box(local_shape[1:])
+        pieces.append(Piece(t.name, src_box, dst))
+    for fname, pieces in fused.items():
+        pos, dtype, rest = fused_meta[fname]
+        rows = sum(p.dst_box[0][1] - p.dst_box[0][0] for p in pieces)
+        result[pos] = LocalTensor(fname, (rows, *rest), dtype, tuple(pieces))
+    return tuple(result)
+
+
+def _fused_name(name: str, layout: Layout) -> str | None:
+    if layout.fused_qkv:
+        for x in ("q_proj", "k_proj", "v_proj"):
+            if f"self_attn.{x}." in name:
+                return name.replace(f"self_attn.{x}.", "self_attn.qkv_proj.")
+    if layout.fused_gate_up:
+        for x in ("gate_proj", "up_proj"):
+            if f".{x}.weight" in name:
+                return name.replace(f".{x}.", ".gate_up_proj.")
+    return None

@@ -1,0 +1,92 @@
+"""Where GPS keeps each model's bytes across nodes (pure: stdlib only; paper App. B.1).
+
+Owns: `Placement` (replication groups of `k` nodes; within a group node `j` holds chunk `j`, the
+`j`-th of `k` near-equal row ranges of every tensor), `choose_placement` (replicate first, else the
+smallest `k` that fits the per-node budget) and `ChunkLayout` (the byte offset of each tensor chunk
+inside a node's buffer). Knows nothing about devices, plans or how buffers are allocated.
+
+Decision: `k` is the smallest divisor of the node count that fits, so every group is whole and
+every chunk has exactly `num_nodes / k` replicas.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pivotrl.gps.errors import BudgetError
+from pivotrl.gps.layout import ModelSpec
+
+
+@dataclass(frozen=True)
+class Placement:
+    """`num_nodes / k` replication groups of `k` consecutive nodes; node `n` holds chunk `n % k`."""
+
+    num_nodes: int
+    k: int
+
+    def __post_init__(self) -> None:
+        if self.num_nodes < 1 or self.k < 1 or self.num_nodes % self.k:
+            raise ValueError(f"placement k={self.k} must divide num_nodes={self.num_nodes}")
+
+    @property
+    def num_groups(self) -> int:
+        return self.num_nodes // self.k
+
+    def holders(self, chunk: int) -> tuple[int, ...]:
+        """Nodes holding `chunk`: member `chunk` of every group."""
+        return tuple(g * self.k + chunk for g in range(self.num_groups))
+
+    def chunk_of(self, node: int) -> int:
+        return node % self.k
+
+    def row_range(self, rows: int, chunk: int) -> tuple[int, int]:
+        """Rows of a tensor with `rows` rows (dim 0) kept in `chunk`; small tensors may have empty
+        chunks."""
+        return chunk * rows // self.k, (chunk + 1) * rows // self.k
+
+
+@dataclass(frozen=True)
+class ChunkEntry:
+    offset: int  # bytes from the buffer start
+    rows: tuple[int, int]  # dim-0 range of the stored tensor
+    shape: tuple[int, ...]  # shape of the chunk
+
+
+class ChunkLayout:
+    """Byte layout of one node buffer: every tensor's chunk `chunk`, each aligned."""
+
+    def __init__(self, spec: ModelSpec, placement: Placement, chunk: int, alignment: int) -> None:
+        self.entries: dict[str, ChunkEntry] = {}
+        off = 0
+        for t in spec.tensors:
+            r0, r1 = placement.row_range(t.shape[0], chunk)
+            shape = (r1 - r0, *t.shape[1:])
+            self.entries[t.name] = ChunkEntry(off, (r0, r1), shape)
+            n = (r1 - r0) * (t.nbytes // t.shape[0])
+            off += -(-n // alignment) * alignment if n else 0
+        self.nbytes = max(off, alignment)
+
+
+def node_bytes(spec: ModelSpec, k: int, alignment: int) -> int:
+    """Largest per-node buffer of `spec` sharded `k` ways (chunk 0 is never smaller than others
+    by more than one row per tensor, so take the max over chunks)."""
+    p = Placement(k, k)
+    return max(ChunkLayout(spec, p, j, alignment).nbytes for j in range(k))
+
+
+def choose_placement(spec: ModelSpec, num_nodes: int, free_bytes_per_node: int, copies: int,
+                     alignment: int) -> Placement:
+    """Replicate first: the smallest divisor `k` of `num_nodes` whose per-node footprint
+    (`copies` versions of a `1/k` shard) fits `free_bytes_per_node`. Raises BudgetError (a ValueError) when not
+    even `k = num_nodes` fits."""
+    need_full = spec.nbytes * copies
+    for k in range(1, num_nodes + 1):
+        if num_nodes % k:
+            continue
+        if need_full / k > free_bytes_per_node:  # cheap reject before the exact layout
+            continue
+        if node_bytes(spec, k, alignment) * copies <= free_bytes_per_node:
+            return Placement(num_nodes, k)
+    need = node_bytes(spec, num_nodes, alignment) * copies
+    raise BudgetError(
+        f"gps.node_memory_budget_bytes too small: the model needs {need} bytes per node even fully "
+        f"sharded over {num_nodes} nodes ({copies} version(s)), but only {free_bytes_per_node} are free")

@@ -1,0 +1,341 @@
+"""`GlobalParameterStore`: read and write any model under any parallel layout (DESIGN.md §4.4).
+
+Owns the two operations and their execution:
+- `read(model, devices, layout)` leases one version, takes the (cached) read plan, and copies each
+  atomic slice from its chosen holder's buffer straight into the device tensor (one copy, no
+  staging), or with `zero_copy=True` hands out views of node-local buffers wherever a device
+  tensor is one whole slice;
+- `write(model, devices, layout, shards)` validates every name, shape and dtype first, then fills
+  a fresh, invisible version on every holder and publishes it in one step.
+Placement, planning and version bookkeeping live in placement.py, planner.py and versions.py; byte
+movement in transports.py. Plans are cached by (model, devices, layout).
+"""
+from __future__ import annotations
+
+import re
+import threading
+import weakref
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from pivotrl.config.gps import GPSConfig
+from pivotrl.gps.errors import ShardMismatchError
+from pivotrl.gps.layout import Layout, ModelSpec, TensorSpec, validate_layout
+from pivotrl.gps.placement import ChunkLayout, Placement
+from pivotrl.gps.planner import Device, LinkProfile, Plan, plan_read, plan_write
+from pivotrl.gps.transports import (BufferRef, SliceItem, Transport, box_slices, chunk_view, dtype_name,
+                                    make_transport, torch_dtype)
+from pivotrl.gps.versions import VersionTable
+
+StateDict = dict[str, torch.Tensor]
+
+
+@dataclass
+class ReadResult:
+    """The weights of exactly one version: `shards[device][name]`. With `zero_copy`, tensors may be
+    views of GPS memory: the version stays leased until `release()` (or garbage collection)."""
+
+    version: int
+    shards: dict[Device, StateDict]
+    bytes_local: int = 0
+    bytes_remote: int = 0
+    _finalizer: Any = field(default=None, repr=False)
+
+    def release(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def __enter__(self) -> "ReadResult":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def __iter__(self):  # `version, shards = store.read(...)`
+        return iter((self.version, self.shards))
+
+
+class GlobalParameterStore:
+    """Pooled host-memory weight store over `num_nodes` nodes. Thread-safe."""
+
+    def __init__(self, config: GPSConfig | None = None, num_nodes: int = 1, *,
+                 transport: Transport | None = None, table: Any = None) -> None:
+        self.config = config or GPSConfig()
+        if num_nodes < 1:
+            raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
+        self.num_nodes = num_nodes
+        self.links = LinkProfile(self.config.local_bandwidth_bytes_per_s,
+                                 self.config.remote_bandwidth_bytes_per_s, self.config.transfer_overhead_s)
+        self.transport = transport or make_transport(self.config, num_nodes)
+        self.table = table or VersionTable(num_nodes, self.config.node_memory_budget_bytes,
+                                           self.config.write_headroom_versions, self.config.alignment_bytes)
+        self._init_local()
+
+    def _init_local(self) -> None:
+        self._plans: OrderedDict[tuple, Plan] = OrderedDict()
+        self._models: dict[str, tuple[ModelSpec, Placement, bool, list[ChunkLayout]]] = {}
+        self._lock = threading.Lock()
+        self._write_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+
+    def __getstate__(self) -> dict:  # ship to device actors: config, transport and table handles
+        return {"config": self.config, "num_nodes": self.num_nodes, "links": self.links,
+                "transport": self.transport, "table": self.table}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_local()
+
+    # -- models -------------------------------------------------------------------------------
+    def register(self, model: str, model_config: Any = None, *, spec: ModelSpec | None = None,
+                 frozen: bool = False, dtype: str | None = None, state_dict: Mapping[str, torch.Tensor] | None = None) -> int | None:
+        """Add `model` (shapes from a Qwen2 config/dict, or an explicit `spec`), choose its placement
+        within the budget, and with `state_dict` load it as version 0. Returns the version or None."""
+        if spec is None:
+            if model_config is None:
+                raise ValueError("register needs model_config or spec")
+            spec = ModelSpec.from_config(model_config, dtype=dtype)
+        if state_dict is not None:
+            self._check_state_dict(model, spec, state_dict)  # before anything is reserved
+        self.table.add_model(model, spec, frozen)
+        if state_dict is None:
+            return None
+        try:
+            return self._write_full(model, state_dict, initial=True)
+        except BaseException:
+            self._free(self.table.remove_model(model))
+            raise
+
+    def unregister(self, model: str) -> None:
+        self._free(self.table.remove_model(model))
+        with self._lock:
+            self._models.pop(model, None)
+            for key in [k for k in self._plans if k[1] == model]:
+                del self._plans[key]
+
+    def models(self) -> list[str]:
+        return self.table.models()
+
+    def spec(self, model: str) -> ModelSpec:
+        return self._model(model)[0]
+
+    def placement(self, model: str) -> Placement:
+        return self._model(model)[1]
+
+    def current_version(self, model: str) -> int:
+        return self.table.current(model)
+
+    def live_versions(self, model: str) -> list[int]:
+        return self.table.live_versions(model)
+
+    def _model(self, model: str) -> tuple[ModelSpec, Placement, bool, list[ChunkLayout]]:
+        hit = self._models.get(model)
+        if hit is None:
+            spec, placement, frozen = self.table.model(model)
+            chunks = [ChunkLayout(spec, placement, j, self.config.alignment_bytes) for j in range(placement.k)]
+            hit = self._models[model] = (spec, placement, frozen, chunks)
+        return hit
+
+    # -- plans --------------------------------------------------------------------------------
+    def plan(self, kind: str, model: str, devices: Sequence[Device], layout: Layout) -> Plan:
+        """The cached read/write plan for this signature (planned on first use)."""
+        key = (kind, model, tuple(devices), layout)
+        with self._lock:
+            hit = self._plans.get(key)
+            if hit is not None:
+                self._plans.move_to_end(key)
+                return hit
+        spec, placement, _, _ = self._model(model)
+        fn = plan_read if kind == "read" else plan_write
+        p = fn(spec, key[2], layout, placement, self.links, self.config.prefer_local)
+        with self._lock:
+            self._plans[key] = p
+            while len(self._plans) > self.config.plan_cache_size:
+                self._plans.popitem(last=False)
+        return p
+
+    # -- read ---------------------------------------------------------------------------------
+    def read(self, model: str, devices: Sequence[Device], layout: Layout, *, version: int | None = None,
+             zero_copy: bool = False, out: Mapping[Device, StateDict] | None = None) -> ReadResult:
+        """Weights of one version (default: current) of `model`, partitioned for `devices` under
+        `layout`. `out` supplies destination tensors (e.g. device parameters) to fill in place."""
+        spec, placement, _, chunks = self._model(model)
+        validate_layout(spec, layout)
+        plan = self.plan("read", model, devices, layout)  # raises on bad devices before leasing
+        v, bufs = self.table.acquire(model, version)
+        try:
+            result = self._execute_read(spec, plan, bufs, chunks, v, zero_copy, out)
+        except BaseException:
+            self._free(self.table.release(model, v))
+            raise
+        if zero_copy:
+            result._finalizer = weakref.finalize(result, _release, self.table, self.transport, model, v)
+        else:
+            self._free(self.table.release(model, v))
+        return result
+
+    def _execute_read(self, spec: ModelSpec, plan: Plan, bufs: dict[int, BufferRef], chunks: list[ChunkLayout], v: int,
+                      zero_copy: bool, out: Mapping[Device, StateDict] | None) -> ReadResult:
+        views = {h: self.transport.local_view(ref) for h, ref in bufs.items()}
+        shards: dict[Device, StateDict] = {}
+        single = defaultdict(int)  # (device, tensor) -> number of transfers
+        if zero_copy:
+            for t in plan.transfers:
+                single[(t.device, t.dst)] += 1
+        for di, dev in enumerate(plan.devices):
+            given = out.get(dev, {}) if out is not None else {}
+            sd: StateDict = {}
+            for lt in plan.tensors[di]:
+                if lt.name in given:
+                    sd[lt.name] = _check_out(given[lt.name], lt.name, lt.shape, lt.dtype)
+                elif not (zero_copy and single[(di, lt.name)] == 1):
+                    sd[lt.name] = torch.empty(lt.shape, dtype=torch_dtype(lt.dtype))
+            shards[dev] = sd
+        res = ReadResult(v, shards)
+        remote: dict[int, list] = defaultdict(list)
+        for t in plan.transfers:
+            dev = plan.devices[t.device]
+            e = chunks[t.chunk].entries[t.src]
+            buf = views.get(t.holder)
+            rel = ((t.src_box[0][0] - e.rows[0], t.src_box[0][1] - e.rows[0]),) + t.src_box[1:]
+            if dev.node == t.holder:
+                res.bytes_local += t.nbytes
+            else:
+                res.bytes_remote += t.nbytes
+            if buf is None:
+                remote[t.holder].append((t, (e.offset, e.shape, spec[t.src].dtype, rel)))
+                continue
+            src = chunk_view(buf, e.offset, e.shape, spec[t.src].dtype)[box_slices(rel)]
+            sd = shards[dev]
+            if t.dst not in sd:  # zero-copy: the device tensor is this one whole slice
+                sd[t.dst] = src
+            else:
+                sd[t.dst][box_slices(t.dst_box)].copy_(src)
+        for h, pairs in remote.items():
+            got = self.transport.read_remote(bufs[h], [it for _, it in pairs])
+            for (t, _), src in zip(pairs, got):
+                sd = shards[plan.devices[t.device]]
+                if t.dst not in sd:  # zero-copy asked, but the bytes had to cross nodes
+                    sd[t.dst] = src
+                else:
+                    sd[t.dst][box_slices(t.dst_box)].copy_(src)
+        return res
+
+    # -- write --------------------------------------------------------------------------------
+    def write(self, model: str, devices: Sequence[Device], layout: Layout,
+              shards: Mapping[Device, Mapping[str, torch.Tensor]]) -> int:
+        """Publish a new version of `model` from the devices' shards under `layout`; returns it.
+        Everything is validated before any memory is touched, so a bad write changes nothing."""
+        spec, _, frozen, _ = self._model(model)
+        if frozen:
+            self.table.begin_write(model)  # raises FrozenModelError with the model's name
+        validate_layout(spec, layout)
+        plan = self.plan("write", model, devices, layout)
+        self._check_shards(model, plan, shards)
+        return self._commit(model, plan, shards, initial=False)
+
+    def _write_full(self, model: str, state_dict: Mapping[str, torch.Tensor], initial: bool) -> int:
+        dev = Device(0, 0)
+        plan = self.plan("write", model, [dev], Layout())
+        self._check_shards(model, plan, {dev: state_dict})
+        return self._commit(model, plan, {dev: state_dict}, initial=initial)
+
+    def load_state_dict(self, model: str, state_dict: Mapping[str, torch.Tensor]) -> int:
+        """Write a whole (unpartitioned) HF state dict as the next version."""
+        if self._model(model)[2]:
+            self.table.begin_write(model)  # frozen: raises
+        return self._write_full(model, state_dict, initial=False)
+
+    def _commit(self, model: str, plan: Plan, shards: Mapping[Device, Mapping[str, torch.Tensor]],
+                initial: bool) -> int:
+        spec, placement, _, chunks = self._model(model)
+        with self._write_locks[model]:
+            v = self.table.begin_write(model, initial=initial)
+            bufs: dict[int, BufferRef] = {}
+            try:
+                safe = re.sub(r"[^A-Za-z0-9_.-]", "_", model)
+                for n in range(self.num_nodes):
+                    bufs[n] = self.transport.allocate(n, f"{safe}-v{v}-n{n}", chunks[placement.chunk_of(n)].nbytes)
+                views = {n: self.transport.local_view(ref) for n, ref in bufs.items()}
+                remote: dict[int, list] = defaultdict(list)
+                for t in plan.transfers:
+                    e = chunks[t.chunk].entries[t.src]
+                    rel = ((t.src_box[0][0] - e.rows[0], t.src_box[0][1] - e.rows[0]),) + t.src_box[1:]
+                    src = shards[plan.devices[t.device]][t.dst][box_slices(t.dst_box)]
+                    item: SliceItem = (e.offset, e.shape, spec[t.src].dtype, rel)
+                    if views[t.holder] is None:
+                        remote[t.holder].append((item, src))
+                    else:
+                        chunk_view(views[t.holder], e.offset, e.shape, item[2])[box_slices(rel)].copy_(src)
+                for h, pairs in remote.items():
+                    self.transport.write_remote(bufs[h], [i for i, _ in pairs], [s for _, s in pairs])
+                del views
+                dead = self.table.commit(model, v, bufs)
+            except BaseException:
+                self.table.abort(model, v)
+                self._free(list(bufs.values()))
+                raise
+        self._free(dead)
+        return v
+
+    # -- validation ---------------------------------------------------------------------------
+    def _check_state_dict(self, model: str, spec: ModelSpec, sd: Mapping[str, torch.Tensor]) -> None:
+        plan_tensors = [(t.name, t.shape, t.dtype) for t in spec.tensors]
+        _match(f"{model} (device {Device(0, 0)})", plan_tensors, sd)
+
+    def _check_shards(self, model: str, plan: Plan, shards: Mapping[Device, Mapping[str, torch.Tensor]]) -> None:
+        want = set(plan.devices)
+        if set(shards) != want:
+            missing, extra = sorted(want - set(shards)), sorted(set(shards) - want)
+            raise ShardMismatchError(f"write to {model!r}: devices missing {missing}, unexpected {extra}")
+        for di, dev in enumerate(plan.devices):
+            _match(f"{model} (device {dev})", [(lt.name, lt.shape, lt.dtype) for lt in plan.tensors[di]], shards[dev])
+
+    # -- memory -------------------------------------------------------------------------------
+    def resident_bytes(self) -> int:
+        """Bytes of node buffers held by this process's transport (all nodes for `shm`)."""
+        return self.transport.resident_bytes()
+
+    def _free(self, refs: list[BufferRef]) -> None:
+        for r in refs:
+            self.transport.free(r)
+
+    def close(self) -> None:
+        for m in self.table.models():
+            try:
+                self._free(self.table.remove_model(m))
+            except RuntimeError:
+                pass
+        self.transport.close()
+
+
+def _release(table: Any, transport: Transport, model: str, v: int) -> None:
+    for r in table.release(model, v):
+        transport.free(r)
+
+
+def _check_out(x: torch.Tensor, name: str, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+    if tuple(x.shape) != shape or dtype_name(x.dtype) != dtype:
+        raise ShardMismatchError(f"out tensor {name}: got {tuple(x.shape)} {dtype_name(x.dtype)}, want {shape} {dtype}")
+    return x
+
+
+def _match(where: str, expected: list[tuple[str, tuple[int, ...], str]], got: Mapping[str, torch.Tensor]) -> None:
+    names = {n for n, _, _ in expected}
+    if set(got) != names:
+        missing, extra = sorted(names - set(got)), sorted(set(got) - names)
+        raise ShardMismatchError(f"{where}: tensor names differ: missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                                 f"unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}")
+    for n, shape, dt in expected:
+        x = got[n]
+        if not isinstance(x, torch.Tensor):
+            raise ShardMismatchError(f"{where}: {n} is a {type(x).__name__}, not a torch.Tensor")
+        if tuple(x.shape) != shape:
+            raise ShardMismatchError(f"{where}: {n} has shape {tuple(x.shape)}, expected {shape}")
+        if dtype_name(x.dtype) != dt:
+            raise ShardMismatchError(f"{where}: {n} has dtype {dtype_name(x.dtype)}, expected {dt}")
+
+
+__all__ = ["GlobalParameterStore", "ReadResult", "StateDict", "TensorSpec"]

@@ -1,0 +1,167 @@
+"""How GPS node buffers are allocated and how bytes reach them (registry by `GPSConfig.transport`).
+
+Owns: `BufferRef` (a node buffer by node, key and path), the `Transport` interface and its
+implementations:
+- `shm`: every node buffer is a `/dev/shm` file mapped into this process (the file is unlinked at
+  once, so nothing leaks if the process dies; the memory goes when the last view goes). Reads copy
+  straight from the mapping into the destination (one copy, no staging), or hand out views.
+- `ray` (`RayTransport`, in ray_transport.py): one `NodeStore` actor per node keeps that node's
+  buffers as `/dev/shm` files; a process on the same node maps the file (zero extra copies), a
+  process on another node gets the bytes through Ray object transfer.
+- `nixl` (nixl_transport.py): registers the buffers with a NIXL agent; only where `nixl` imports.
+The planner decides *which* holder serves a slice; the transport only moves bytes.
+"""
+from __future__ import annotations
+
+import abc
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from pivotrl.config.gps import GPSConfig
+
+# (byte offset of the chunk in the buffer, chunk shape, dtype name, box relative to the chunk)
+SliceItem = tuple[int, tuple[int, ...], str, tuple[tuple[int, int], ...]]
+
+
+@dataclass(frozen=True)
+class BufferRef:
+    """One node buffer: all chunks of one model version held by `node`."""
+
+    node: int
+    key: str
+    nbytes: int
+    path: str
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown dtype name {name!r}")
+    return dt
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    return str(dt).replace("torch.", "")
+
+
+def box_slices(box: tuple[tuple[int, int], ...]) -> tuple[slice, ...]:
+    return tuple(slice(a, b) for a, b in box)
+
+
+def chunk_view(buf: torch.Tensor, offset: int, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+    """Typed view of one chunk inside a uint8 node buffer (no copy)."""
+    dt = torch_dtype(dtype)
+    n = dt.itemsize
+    for s in shape:
+        n *= s
+    return buf[offset:offset + n].view(dt).view(shape)
+
+
+def map_file(path: str, nbytes: int) -> torch.Tensor:
+    """uint8 tensor over a shared file mapping (creates/extends the file to `nbytes`)."""
+    storage = torch.UntypedStorage.from_file(path, shared=True, nbytes=nbytes)
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,), (1,))
+
+
+def read_items(buf: torch.Tensor, items: list[SliceItem]) -> list[torch.Tensor]:
+    """Views of the requested boxes (callers copy them where they need)."""
+    return [chunk_view(buf, off, shape, dt)[box_slices(box)] for off, shape, dt, box in items]
+
+
+def write_items(buf: torch.Tensor, items: list[SliceItem], tensors: list[torch.Tensor]) -> None:
+    for (off, shape, dt, box), t in zip(items, tensors):
+        chunk_view(buf, off, shape, dt)[box_slices(box)].copy_(t)
+
+
+class Transport(abc.ABC):
+    """Allocates node buffers and moves boxes of them. `local_view` gives zero-copy access to a
+    buffer reachable from this process's node; otherwise `read_remote`/`write_remote` move the
+    bytes."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def allocate(self, node: int, key: str, nbytes: int) -> BufferRef: ...
+
+    @abc.abstractmethod
+    def free(self, ref: BufferRef) -> None: ...
+
+    @abc.abstractmethod
+    def local_view(self, ref: BufferRef) -> torch.Tensor | None: ...
+
+    def read_remote(self, ref: BufferRef, items: list[SliceItem]) -> list[torch.Tensor]:
+        raise NotImplementedError(f"transport {self.name!r} cannot reach node {ref.node}")
+
+    def write_remote(self, ref: BufferRef, items: list[SliceItem], tensors: list[torch.Tensor]) -> None:
+        raise NotImplementedError(f"transport {self.name!r} cannot reach node {ref.node}")
+
+    def resident_bytes(self) -> int:
+        """Bytes of node buffers this transport currently keeps allocated."""
+        return 0
+
+    def close(self) -> None:
+        """Free everything this transport allocated."""
+
+
+class ShmTransport(Transport):
+    """All nodes' buffers in this process, each a `/dev/shm`-backed mapping (the `local` runtime,
+    and any single process that hosts GPS)."""
+
+    name = "shm"
+
+    def __init__(self, config: GPSConfig, num_nodes: int) -> None:
+        self.dir = config.shm_dir
+        self.num_nodes = num_nodes
+        self._bufs: dict[str, torch.Tensor] = {}
+        self._tag = f"pivotrl-gps-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+    def allocate(self, node: int, key: str, nbytes: int) -> BufferRef:
+        path = os.path.join(self.dir, f"{self._tag}-{key}")
+        buf = map_file(path, nbytes)
+        os.unlink(path)  # the mapping keeps the pages; nothing is left behind on a crash
+        self._bufs[path] = buf
+        return BufferRef(node, key, nbytes, path)
+
+    def free(self, ref: BufferRef) -> None:
+        # outstanding zero-copy views keep the mapping (and its pages) alive until they die
+        self._bufs.pop(ref.path, None)
+
+    def local_view(self, ref: BufferRef) -> torch.Tensor | None:
+        return self._bufs.get(ref.path)
+
+    def resident_bytes(self) -> int:
+        return sum(b.numel() for b in self._bufs.values())
+
+    def close(self) -> None:
+        self._bufs.clear()
+
+
+def _ray_factory(config: GPSConfig, num_nodes: int, **kw: Any) -> Transport:
+    from pivotrl.gps.ray_transport import RayTransport
+
+    return RayTransport.create(config, num_nodes, **kw)
+
+
+def _nixl_factory(config: GPSConfig, num_nodes: int, **kw: Any) -> Transport:
+    from pivotrl.gps.nixl_transport import NixlTransport
+
+    return NixlTransport(config, num_nodes, **kw)
+
+
+TRANSPORTS: dict[str, Callable[..., Transport]] = {
+    "shm": lambda config, num_nodes, **kw: ShmTransport(config, num_nodes),
+    "ray": _ray_factory,
+    "nixl": _nixl_factory,
+}
+
+
+def make_transport(config: GPSConfig, num_nodes: int, **kw: Any) -> Transport:
+    try:
+        factory = TRANSPORTS[config.transport]
+    except KeyError:
+        raise ValueError(f"gps.transport={config.transport!r}; allowed: {sorted(TRANSPORTS)}") from None
+    return factory(config, num_nodes, **kw)
