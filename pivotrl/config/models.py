@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
+from pivotrl.config.sim import PaperAllocation, SimConfig
+
 
 def _power_of_two(x: int) -> bool:
     return x >= 1 and (x & (x - 1)) == 0
@@ -43,6 +45,15 @@ class ModelSpec:
     """Fraction of weights in routed experts (MoE weight floor, calibration.md §3)."""
     dtype_bytes: int = 2
     """Bytes per weight (bf16 = 2)."""
+    shift_up_base_s: float = 2.0
+    """Inference shift up, seconds beyond the weight read (engine wake, graphs): the paper's measured
+    shift-up time (Fig. 12/13) minus `weight_bytes/tp/host_to_device_bw`."""
+    shift_down_s: float = 1.0
+    """Inference shift down, seconds (paper Fig. 12: under 2 s)."""
+    train_shift_up_s: float = 3.0
+    """Training shift up, seconds (paper Fig. 12: 2-8.5 s by model size). Policy only."""
+    train_shift_down_s: float = 2.5
+    """Training shift down, seconds (paper Fig. 12: under 6 s). Policy only."""
 
     def __post_init__(self) -> None:
         if isinstance(self.tp, int) and not _power_of_two(self.tp):
@@ -81,6 +92,10 @@ class WorkloadConfig:
     """GenRM judgement lengths."""
     genrm_response_corr: float = 0.3
     """Correlation of GenRM length with the policy response length (log space)."""
+    response_mean_curve: list[list[float]] = field(default_factory=list)
+    """Piecewise-linear mean response length by RL step, `[[step, mean], ...]` (calibration §4).
+    When set it replaces `response.median` and `response_growth_per_step`: the lognormal median at a
+    step is `mean / exp(sigma^2 / 2)`."""
 
 
 @dataclass
@@ -97,3 +112,8 @@ class ModelsConfig:
     """Devices the paper ran this group on (Table 1); the cluster size unless cluster.num_devices is set."""
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     """Length distributions for the simulator."""
+    sim: SimConfig = field(default_factory=SimConfig)
+    """Simulator settings: batch, cost models, allocation sweep, paper Table 4 allocations."""
+
+
+__all__ = ["LengthDist", "ModelSpec", "ModelsConfig", "PaperAllocation", "SimConfig", "WorkloadConfig"]

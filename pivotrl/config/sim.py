@@ -1,0 +1,77 @@
+"""`SimConfig`: simulator-only settings of one model group (nested as `models.sim`).
+
+Owns the constants the discrete-event simulator (`pivotrl/sim`) needs beyond the model shapes and the
+hardware profile: the simulated batch, engine memory use, training and weight-publish cost models,
+the workload window, the allocation sweep, and the paper's Table 4 allocations (reported beside the
+swept best). Every value in `conf/models/*.yaml` names its source (calibration.md or an estimate E).
+Knows nothing about Hydra or the simulator itself.
+
+Batch size. The paper does not state its batch. We simulate 256 prompts x 8 responses = 2,048
+samples per RL step (E): the same order as verl's DAPO recipes (512 x 16 with 32-prompt mini
+batches is the largest common setting; 256 x 8 keeps the Fig. 9 grid inside its time budget).
+`prompts_per_step`/`group_size` override `train.*` for cluster=sim only when set; null means "use
+`train.prompts_per_step` / `train.group_size`".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PaperAllocation:
+    """Paper Table 4 (App. E): the authors' tuned baseline allocations, in devices."""
+
+    disaggregated: list[int] = field(default_factory=list)
+    """[rollout, reward, train] devices for deploy=disaggregated; empty = unknown."""
+    rr_colocated: list[int] = field(default_factory=list)
+    """[shared rollout+reward pool, train] devices for deploy=rr_colocated; empty = unknown."""
+    pivot_train: int = 0
+    """Training home set size for deploy=pivot (training is 0 or this many devices)."""
+
+
+@dataclass
+class SimConfig:
+    """Simulator settings of a model group."""
+
+    prompts_per_step: int | None = None
+    """Prompts per RL step in the simulator; null = `train.prompts_per_step`."""
+    group_size: int | None = None
+    """Responses per prompt (G) in the simulator; null = `train.group_size`."""
+    mem_util: float = 0.9
+    """Share of device memory an inference engine may use (weights + KV cache); vLLM's default
+    `gpu_memory_utilization` (E)."""
+    kv_reserve_tokens: int = 0
+    """KV tokens a scheduler keeps free on a replica when admitting a sequence (growth headroom)."""
+    train_recompute_factor: float = 1.33
+    """k in `k*6*P*tokens/(gpus*peak*MFU) + T_fixed` (calibration §5, D/E)."""
+    train_fixed_s: float = 7.5
+    """T_fixed seconds per training step (calibration §5: 5-10 s, E)."""
+    publish_base_s: float = 1.0
+    """Weight publish `base + bytes/bw` (calibration §5, checkpoint-engine, D)."""
+    publish_bw: float = 60e9
+    """Weight publish bandwidth, bytes/s (calibration §5, D)."""
+    attn_flops: float | None = None
+    """FLOP/s of prefill attention (the L^2 term); null = the hardware's dense FLOP/s (E)."""
+    step_offset: int = 0
+    """RL step at which the simulated window starts: response lengths grow with the step (E)."""
+    sweep_units: int = 8
+    """Baseline sweep granularity: the cluster is cut into this many equal units (each a multiple of
+    the largest replica size), and every split into whole units is tried."""
+    sweep_steps: int = 3
+    """RL steps per sweep run (the first is warm-up)."""
+    max_sim_time_s: float = 1e6
+    """Simulated-seconds safety cap: a run that would exceed it fails with an error (a stuck mode)."""
+    paper_allocation: PaperAllocation = field(default_factory=PaperAllocation)
+    """Paper Table 4 allocations (reported beside the swept best)."""
+
+    def __post_init__(self) -> None:
+        for name in ("prompts_per_step", "group_size"):
+            v = getattr(self, name)
+            if v is not None and isinstance(v, int) and v < 1:
+                raise ValueError(f"models.sim.{name} must be >= 1 or null, got {v}")
+        if isinstance(self.mem_util, float) and not 0.0 < self.mem_util <= 1.0:
+            raise ValueError(f"models.sim.mem_util must be in (0, 1], got {self.mem_util}")
+        if isinstance(self.sweep_units, int) and self.sweep_units < 2:
+            raise ValueError(f"models.sim.sweep_units must be >= 2, got {self.sweep_units}")
+        if isinstance(self.sweep_steps, int) and self.sweep_steps < 2:
+            raise ValueError(f"models.sim.sweep_steps must be >= 2 (one warm-up + one measured), got {self.sweep_steps}")
