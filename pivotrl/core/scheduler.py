@@ -1,0 +1,433 @@
+"""Shift-aware scheduler of one inference role (DESIGN §4.2, paper §6, App. C).
+
+Owns: the shared waiting queue (a priority queue, lower `priority(seq)` first, then lower seq_id;
+default priority = seq_id), the per-replica states (running sequences, N, K, KV capacity), and the
+three operations everything else is built from: dispatch by largest throughput gain, abort with
+tokens kept, and the shift-time migrations (Alg. 3 shift down, Alg. 4 shift up). It returns `Move`s;
+the runtime carries them out. It knows nothing about engines, devices or time.
+
+Invariants (asserted by `check_invariants`, property-tested in tests/core/test_scheduler_props.py):
+  * every submitted, unfinished sequence is in exactly one place: the queue or one replica;
+  * a sequence's `generated` never decreases (abort keeps tokens; `progress` refuses to go back);
+  * each replica's K equals the sum of its running sequences' lengths, and the numpy mirror arrays
+    used for fast dispatch agree with the replica states.
+
+Decisions (the brief and paper are silent or loose; written down here):
+  * Dispatch is strict priority order: if the head of the queue fits on no replica (current length
+    + `kv_reserve` free KV tokens), dispatch stops and everything behind it waits. This is
+    vLLM/veRL FCFS behaviour, keeps old sequences (staleness) first, and bounds the cost of a
+    dispatch call on a huge queue.
+  * Ties in gain go to the replica added first (deterministic).
+  * Shift up (Alg. 4): the queue is dispatched onto the new replicas first, then onto all replicas.
+    Migration runs only if the queue is then empty (a non-empty queue means no spare KV anywhere,
+    so moving a running sequence cannot raise throughput). Heap keys are kept exact (the source
+    and the destination replica are both re-keyed after a move; the paper's pseudocode re-keys
+    only the source). The loop stops at the first move that does not raise the aggregate
+    throughput, and undoes it. At most one move per running sequence (the paper's bound).
+  * Moves returned by one operation are net: a sequence aborted and re-dispatched to the same
+    replica produces no move; otherwise all aborts come first, then all assigns, so a runtime
+    frees KV before it fills it.
+  * A clone shares the (immutable during what-if) Sequence objects with its parent, so `progress`,
+    `advance` and `submit` raise on a clone: clones are for the planner's what-if only.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Literal
+
+import numpy as np
+
+from pivotrl.core.throughput import ThroughputModel
+from pivotrl.core.types import Role, Sequence
+
+QUEUE = "queue"
+
+
+@dataclass
+class ReplicaState:
+    """One active replica: its running sequences and KV capacity in tokens."""
+
+    replica_id: str
+    kv_capacity: int
+    running: dict[int, Sequence] = field(default_factory=dict)
+    _k: int = 0
+
+    @property
+    def n(self) -> int:
+        return len(self.running)
+
+    @property
+    def k(self) -> int:
+        """Tokens in KV cache: the sum of the running sequences' lengths."""
+        return self._k
+
+    @property
+    def free_kv(self) -> int:
+        return self.kv_capacity - self._k
+
+
+@dataclass(frozen=True)
+class Move:
+    """One step for the runtime: stop `seq_id` on `replica_id` (abort), or start it there (assign)."""
+
+    kind: Literal["assign", "abort"]
+    seq_id: int
+    replica_id: str
+
+
+class ShiftAwareScheduler:
+    """Shared priority queue + throughput-maximising dispatch + shift-time migration for one role."""
+
+    def __init__(self, role: Role, model: ThroughputModel, kv_reserve: int = 0,
+                 priority: Callable[[Sequence], Any] | None = None) -> None:
+        if kv_reserve < 0:
+            raise ValueError(f"ShiftAwareScheduler.kv_reserve must be >= 0 tokens, got {kv_reserve}")
+        self.role = role
+        self.model = model
+        self.kv_reserve = int(kv_reserve)
+        self.priority = priority
+        self.replicas: dict[str, ReplicaState] = {}
+        self._heap: list[tuple[Any, int]] = []
+        self._queued: dict[int, Sequence] = {}
+        self._where: dict[int, str] = {}
+        self._is_clone = False
+        self._journal: dict[int, str] | None = None
+        self._rebuild_arrays()
+
+    # ------------------------------------------------------------------ fast mirror arrays
+    def _rebuild_arrays(self) -> None:
+        """Positions and numpy mirrors of (N, K, capacity) plus the cached terms of dT."""
+        self._ids: list[str] = list(self.replicas)
+        self._pos: dict[str, int] = {rid: i for i, rid in enumerate(self._ids)}
+        reps = [self.replicas[r] for r in self._ids]
+        self._n = np.array([r.n for r in reps], dtype=np.float64)
+        self._k = np.array([r.k for r in reps], dtype=np.float64)
+        self._free = np.array([r.free_kv for r in reps], dtype=np.float64)
+        m = self.model
+        self._T = m.throughput_v(self._n, self._k)
+        self._num1 = self._n + 1.0
+        # tau(N+1, K+l) = _base1 + A*l
+        self._base1 = m.A * self._k + np.maximum(m.floor_v(self._num1), m.C * self._num1) + m.D
+        self._total_T = float(self._T.sum())
+
+    def _refresh(self, i: int) -> None:
+        rep = self.replicas[self._ids[i]]
+        n, k, m = rep.n, rep._k, self.model
+        self._n[i] = n
+        self._k[i] = k
+        self._free[i] = rep.kv_capacity - k
+        t = m.throughput(n, k)
+        self._total_T += t - self._T[i]
+        self._T[i] = t
+        self._num1[i] = n + 1
+        self._base1[i] = m.A * k + max(m.floor(n + 1), m.C * (n + 1)) + m.D
+
+    def _best_replica(self, length: int, positions: np.ndarray | None = None) -> int:
+        """Position of the eligible replica with the largest dT for a sequence of `length`, or -1."""
+        if not self._ids:
+            return -1
+        tau1 = self._base1 + self.model.A * length
+        np.maximum(tau1, 1e-9, out=tau1)
+        gain = self._num1 / tau1
+        gain -= self._T
+        gain[self._free < length + self.kv_reserve] = -np.inf
+        if positions is not None:
+            masked = np.full_like(gain, -np.inf)
+            masked[positions] = gain[positions]
+            gain = masked
+        i = int(gain.argmax())
+        return i if gain[i] > -np.inf else -1
+
+    # ------------------------------------------------------------------ placement primitives
+    def _note(self, sid: int) -> None:
+        if self._journal is not None and sid not in self._journal:
+            self._journal[sid] = self._where[sid]
+
+    def _place(self, seq: Sequence, i: int) -> None:
+        rep = self.replicas[self._ids[i]]
+        self._note(seq.seq_id)
+        rep.running[seq.seq_id] = seq
+        rep._k += seq.length
+        self._where[seq.seq_id] = rep.replica_id
+        self._refresh(i)
+
+    def _unplace(self, seq: Sequence, i: int) -> None:
+        rep = self.replicas[self._ids[i]]
+        self._note(seq.seq_id)
+        del rep.running[seq.seq_id]
+        rep._k -= seq.length
+        self._refresh(i)
+
+    def _enqueue(self, seq: Sequence) -> None:
+        self._note(seq.seq_id)
+        key = seq.seq_id if self.priority is None else self.priority(seq)
+        heapq.heappush(self._heap, (key, seq.seq_id))
+        self._queued[seq.seq_id] = seq
+        self._where[seq.seq_id] = QUEUE
+
+    def _begin(self) -> None:
+        self._journal = {}
+        self._total_T = float(self._T.sum())  # re-anchor the running sum (no float drift)
+
+    def _end(self) -> list[Move]:
+        """Net moves since `_begin`: aborts first, then assigns."""
+        journal, self._journal = self._journal or {}, None
+        aborts, assigns = [], []
+        for sid, before in journal.items():
+            after = self._where.get(sid)
+            if after == before:
+                continue
+            if before not in (QUEUE, None):
+                aborts.append(Move("abort", sid, before))
+            if after not in (QUEUE, None):
+                assigns.append(Move("assign", sid, after))
+        return aborts + assigns
+
+    def _dispatch(self, positions: np.ndarray | None = None) -> None:
+        heap, queued = self._heap, self._queued
+        while heap:
+            sid = heap[0][1]
+            seq = queued.get(sid)
+            if seq is None:  # stale entry (dispatched or finished since it was pushed)
+                heapq.heappop(heap)
+                continue
+            i = self._best_replica(seq.length, positions)
+            if i < 0:
+                break  # strict priority order: the head waits for capacity, so does the rest
+            heapq.heappop(heap)
+            del queued[sid]
+            self._place(seq, i)
+
+    # ------------------------------------------------------------------ public API
+    def submit(self, seqs: Iterable[Sequence]) -> None:
+        """Put new sequences into the shared waiting queue (call `dispatch` to start them)."""
+        self._no_clone("submit")
+        for s in seqs:
+            if s.seq_id in self._where:
+                raise ValueError(f"seq_id {s.seq_id} is already in the {self.role.value} scheduler "
+                                 f"(at {self._where[s.seq_id]!r})")
+            if s.role != self.role:
+                raise ValueError(f"sequence {s.seq_id} has role {s.role.value!r}, this scheduler is "
+                                 f"{self.role.value!r}")
+            self._enqueue(s)
+
+    def dispatch(self) -> list[Move]:
+        """Assign queued sequences, in priority order, each to the eligible replica with max dT."""
+        self._begin()
+        self._dispatch()
+        return self._end()
+
+    def abort(self, replica_id: str, which: Literal["all", "shortest"] = "all") -> list[Move]:
+        """Stop sequences on `replica_id` and put them back in the queue with their tokens."""
+        self._begin()
+        self._abort(replica_id, which)
+        return self._end()
+
+    def _abort(self, replica_id: str, which: str) -> Sequence | None:
+        rep = self._replica(replica_id)
+        if which == "all":
+            victims = sorted(rep.running.values(), key=lambda s: s.seq_id)
+        elif which == "shortest":
+            if not rep.running:
+                return None
+            victims = [min(rep.running.values(), key=lambda s: (s.length, s.seq_id))]
+        else:
+            raise ValueError(f"abort(which={which!r}): allowed values are 'all', 'shortest'")
+        i = self._pos[replica_id]
+        for s in victims:
+            self._unplace(s, i)
+            self._enqueue(s)
+        return victims[0] if victims else None
+
+    def add_replicas(self, replicas: list[tuple[str, int]]) -> None:
+        """Register new, empty replicas (no dispatch). `shift_up` is the usual entry point."""
+        for rid, cap in replicas:
+            if rid in self.replicas:
+                raise ValueError(f"replica {rid!r} is already active in the {self.role.value} scheduler")
+            if cap <= 0:
+                raise ValueError(f"replica {rid!r}: kv_capacity must be > 0 tokens, got {cap}")
+            self.replicas[rid] = ReplicaState(rid, int(cap))
+        self._rebuild_arrays()
+
+    def shift_down(self, replica_ids: list[str]) -> list[Move]:
+        """Alg. 3: abort everything on `replica_ids`, remove them, dispatch to the remaining ones."""
+        self._begin()
+        for rid in replica_ids:
+            self._abort(rid, "all")
+        for rid in replica_ids:
+            del self.replicas[rid]
+        self._rebuild_arrays()
+        self._dispatch()
+        return self._end()
+
+    def shift_up(self, replicas: list[tuple[str, int]], migrate: bool = True) -> list[Move]:
+        """Alg. 4: add `replicas` (id, kv_capacity), dispatch the queue onto them first, then (with
+        `migrate`) move shortest sequences off the highest-throughput replicas while that raises
+        the aggregate throughput."""
+        self._begin()
+        self.add_replicas(replicas)
+        new_pos = np.array([self._pos[rid] for rid, _ in replicas], dtype=np.int64)
+        if len(new_pos):
+            self._dispatch(new_pos)
+        self._dispatch()
+        if migrate and not self._queued:
+            self._migrate()
+        return self._end()
+
+    def _migrate(self) -> int:
+        """The improvement loop of Alg. 4. Returns the number of kept moves."""
+        eps = 1e-12
+        heap = [(-self._T[i], i) for i in range(len(self._ids)) if self._n[i] > 0]
+        heapq.heapify(heap)
+        budget = sum(r.n for r in self.replicas.values())
+        moves = 0
+        while heap and moves < budget:
+            negT, i = heapq.heappop(heap)
+            if negT != -self._T[i] or self._n[i] == 0:
+                continue  # stale key
+            before = self._total_T
+            rep = self.replicas[self._ids[i]]
+            seq = min(rep.running.values(), key=lambda s: (s.length, s.seq_id))
+            self._unplace(seq, i)  # abort + immediate re-dispatch: the queue is empty here
+            j = self._best_replica(seq.length)
+            if j < 0:  # cannot happen without a reserve; with one, put it back and stop
+                self._place(seq, i)
+                break
+            self._place(seq, j)
+            if self._total_T <= before + eps * max(1.0, before):
+                if j != i:  # undo the move that did not help
+                    self._unplace(seq, j)
+                    self._place(seq, i)
+                break
+            moves += 1
+            heapq.heappush(heap, (-self._T[i], i))
+            heapq.heappush(heap, (-self._T[j], j))
+        return moves
+
+    def progress(self, seq_id: int, generated: int) -> None:
+        """Set a sequence's generated-token count (never lower than before)."""
+        self._no_clone("progress")
+        seq = self._seq(seq_id)
+        if generated < seq.generated:
+            raise ValueError(f"progress(seq {seq_id}): generated may not decrease "
+                             f"({seq.generated} -> {generated})")
+        delta = generated - seq.generated
+        seq.generated = generated
+        where = self._where[seq_id]
+        if where != QUEUE and delta:
+            rep = self.replicas[where]
+            rep._k += delta
+            self._refresh(self._pos[where])
+
+    def advance(self, replica_id: str, tokens: int) -> None:
+        """Every sequence running on `replica_id` generated `tokens` more (a decode stretch)."""
+        self._no_clone("advance")
+        if tokens < 0:
+            raise ValueError(f"advance({replica_id!r}): tokens must be >= 0, got {tokens}")
+        rep = self._replica(replica_id)
+        for s in rep.running.values():
+            s.generated += tokens
+        rep._k += tokens * rep.n
+        self._refresh(self._pos[replica_id])
+
+    def finish(self, seq_id: int) -> Sequence:
+        """Remove a finished sequence from its replica (freeing its KV) or from the queue."""
+        seq = self._seq(seq_id)
+        where = self._where.pop(seq_id)
+        if where == QUEUE:
+            del self._queued[seq_id]  # its heap entry goes stale and is skipped
+        else:
+            rep = self.replicas[where]
+            del rep.running[seq_id]
+            rep._k -= seq.length
+            self._refresh(self._pos[where])
+        return seq
+
+    def where(self, seq_id: int) -> str | None:
+        """Replica id, "queue", or None (finished or unknown)."""
+        return self._where.get(seq_id)
+
+    def get(self, seq_id: int) -> Sequence:
+        return self._seq(seq_id)
+
+    def throughput(self) -> float:
+        """Aggregate modelled tokens/s: sum of replica throughputs."""
+        return float(self._T.sum()) if self._ids else 0.0
+
+    def replica_throughput(self, replica_id: str) -> float:
+        return float(self._T[self._pos[replica_id]])
+
+    def num_sequences(self) -> int:
+        """Running + queued sequences (N_role in the planner's Eq. 1)."""
+        return len(self._where)
+
+    def queued(self) -> int:
+        return len(self._queued)
+
+    def queued_sequences(self) -> list[Sequence]:
+        """Queued sequences in dispatch order."""
+        return [self._queued[sid] for _, sid in sorted(self._heap) if sid in self._queued]
+
+    def kv_utilisation(self) -> float:
+        """Used / total KV tokens over active replicas (0.0 with no replicas)."""
+        cap = sum(r.kv_capacity for r in self.replicas.values())
+        return float(self._k.sum()) / cap if cap > 0 else 0.0
+
+    def clone(self) -> "ShiftAwareScheduler":
+        """A copy for what-if simulation: own replica/queue structures, shared Sequence objects."""
+        c = ShiftAwareScheduler.__new__(ShiftAwareScheduler)
+        c.role, c.model, c.kv_reserve, c.priority = self.role, self.model, self.kv_reserve, self.priority
+        c.replicas = {rid: ReplicaState(rid, r.kv_capacity, dict(r.running), r._k)
+                      for rid, r in self.replicas.items()}
+        c._heap = list(self._heap)
+        c._queued = dict(self._queued)
+        c._where = dict(self._where)
+        c._is_clone = True
+        c._journal = None
+        c._ids, c._pos = list(self._ids), dict(self._pos)
+        for name in ("_n", "_k", "_free", "_T", "_num1", "_base1"):
+            setattr(c, name, getattr(self, name).copy())
+        c._total_T = self._total_T
+        return c
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the scheduler's state is inconsistent."""
+        seen: dict[int, str] = {}
+        for rid, rep in self.replicas.items():
+            assert rep.replica_id == rid
+            for sid, s in rep.running.items():
+                assert sid == s.seq_id, f"replica {rid} keys seq {s.seq_id} as {sid}"
+                assert sid not in seen, f"seq {sid} on {rid} and {seen[sid]}"
+                seen[sid] = rid
+            assert rep._k == sum(s.length for s in rep.running.values()), f"K of {rid} out of sync"
+        for sid in self._queued:
+            assert sid not in seen, f"seq {sid} both queued and on {seen[sid]}"
+            seen[sid] = QUEUE
+        assert seen == self._where, "location index out of sync"
+        live = {sid for _, sid in self._heap}
+        assert set(self._queued) <= live, "queued sequence missing from the heap"
+        assert self._ids == list(self.replicas) and len(self._n) == len(self._ids)
+        for i, rid in enumerate(self._ids):
+            rep = self.replicas[rid]
+            assert self._n[i] == rep.n and self._k[i] == rep.k and self._free[i] == rep.free_kv
+        assert abs(self._total_T - float(self._T.sum())) <= 1e-6 * max(1.0, abs(self._total_T))
+
+    # ------------------------------------------------------------------ helpers
+    def _replica(self, replica_id: str) -> ReplicaState:
+        try:
+            return self.replicas[replica_id]
+        except KeyError:
+            raise KeyError(f"no active {self.role.value} replica {replica_id!r}; active: "
+                           f"{sorted(self.replicas)}") from None
+
+    def _seq(self, seq_id: int) -> Sequence:
+        where = self._where.get(seq_id)
+        if where is None:
+            raise KeyError(f"seq {seq_id} is not in the {self.role.value} scheduler (finished or unknown)")
+        return self._queued[seq_id] if where == QUEUE else self.replicas[where].running[seq_id]
+
+    def _no_clone(self, op: str) -> None:
+        if self._is_clone:
+            raise RuntimeError(f"{op}() on a scheduler clone: clones share Sequence objects and are "
+                               f"for what-if simulation only")
