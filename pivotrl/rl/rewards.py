@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pivotrl.config.rl import RewardConfig
-from pivotrl.rl.genrm import ParseStats, parse_score
+from pivotrl.rl.genrm import ParseStats, get_score_parser, parse_score
 
 _STRICT = re.compile(r"####\s*([-+]?[\d,]*\d)")
 _INTEGER = re.compile(r"[-+]?\d[\d,]*")
@@ -137,7 +137,9 @@ class RewardFunction:
         cfg.validate()
         self.cfg = cfg
         self.stats = stats if stats is not None else ParseStats()
-        self._custom = load_reward_function(cfg.custom_reward_function) if cfg.custom_reward_function else None
+        self._custom = (load_reward_function(cfg.custom_reward_function)
+                        if cfg.custom_reward_function is not None else None)
+        get_score_parser(cfg.genrm_parser)  # fail at start, not at the first judgement
 
     @property
     def uses_genrm(self) -> bool:
