@@ -1,0 +1,148 @@
+"""`TrainerConfig`: every knob of the GRPO trainer (`pivotrl.engines.trainer`), with validation.
+
+Owns: field names, defaults, per-field docs and the checks that reject bad values with an error
+naming the field. Knows nothing about processes and does not import torch at import time (the
+loss registry, which needs torch, is read only when a config is validated), so Hydra composition
+and the pure control plane can import this module freely.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from pivotrl.rl.advantages import ADVANTAGE_ESTIMATORS
+
+BACKENDS = ("auto", "gloo", "nccl")
+DEVICES = ("auto", "cpu", "cuda")
+PARAM_DTYPES = ("float32", "bfloat16")
+
+
+@dataclass
+class TrainerConfig:
+    """Configuration of one GRPO trainer (one policy, `world_size` FSDP2 ranks)."""
+
+    # --- optimiser -----------------------------------------------------------------------------
+    lr: float = 1e-5
+    """AdamW learning rate (constant; no schedule yet)."""
+    adam_beta1: float = 0.9
+    """AdamW beta1, in [0, 1)."""
+    adam_beta2: float = 0.999
+    """AdamW beta2, in [0, 1)."""
+    adam_eps: float = 1e-8
+    """AdamW epsilon, > 0."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay, >= 0."""
+    grad_clip: float = 1.0
+    """Clip the global gradient L2 norm to this value; 0 disables clipping (the norm is still
+    reported)."""
+
+    # --- batch shape ---------------------------------------------------------------------------
+    micro_batch_size: int = 16
+    """Sequences per forward/backward on one rank. Gradients accumulate over micro-batches, so it
+    trades memory for speed and never changes the result (up to float rounding)."""
+
+    # --- objective -----------------------------------------------------------------------------
+    advantage_estimator: str = "grpo"
+    """Registry key in `pivotrl.rl.advantages` used when a batch carries rewards, not advantages."""
+    norm_adv_by_std: bool = True
+    """Divide group-centred rewards by the group std (GRPO). False gives Dr. GRPO / plain RLOO."""
+    adv_eps: float = 1e-6
+    """Added to the group std before dividing, > 0."""
+    loss: str = "ppo_clip"
+    """Registry key in `pivotrl.rl.losses.POLICY_LOSSES`."""
+    loss_agg_mode: str = "token-mean"
+    """How token losses become one scalar: token-mean (over all valid tokens of the whole batch,
+    across micro-batches and ranks), seq-mean-token-mean or seq-mean-token-sum."""
+    clip_ratio_low: float = 0.2
+    """PPO clip range below 1: ratios under 1 - clip_ratio_low are clipped. In (0, 1)."""
+    clip_ratio_high: float = 0.2
+    """PPO clip range above 1 (DAPO's clip-higher uses 0.28). > 0."""
+    kl_coef: float = 0.0
+    """Weight of KL(pi || pi_ref) in the loss; 0 disables it and no reference model is kept."""
+    kl_estimator: str = "k3"
+    """KL estimator: k1, k2 or k3 (see `pivotrl.rl.losses.kl_penalty`)."""
+    logprob_temperature: float = 1.0
+    """Logits are divided by this before log-softmax; set it to the rollout temperature so
+    recomputed log-probs describe the distribution the samples were drawn from. > 0."""
+
+    # --- asynchrony ----------------------------------------------------------------------------
+    staleness: int = 2
+    """A sample generated under policy version v is trained at step t only if t - v <= staleness;
+    staler samples are rejected and counted. 0 means strictly on-policy. >= 0."""
+
+    # --- processes and devices -----------------------------------------------------------------
+    world_size: int = 1
+    """Number of FSDP2 ranks (worker processes). >= 1."""
+    backend: str = "auto"
+    """Collective backend: auto (nccl on CUDA, gloo on CPU), gloo or nccl."""
+    device: str = "auto"
+    """Training device kind: auto (cuda when available), cpu or cuda."""
+    param_dtype: str = "float32"
+    """Dtype of parameters in forward/backward (FSDP2 mixed precision); master weights, gradient
+    reduction and optimizer state stay float32. bfloat16 is meant for GPUs."""
+    num_threads: int = 1
+    """torch intra-op threads per worker process (CPU runs share few cores). >= 1."""
+    seed: int = 0
+    """Seeds torch/numpy/random in every rank (rank added), so runs repeat."""
+    timeout_s: float = 600.0
+    """How long the driver waits for a worker reply before it declares the group dead. > 0."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise `ValueError` naming the first bad field and its allowed values."""
+        from pivotrl.rl.losses import KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
+
+        def bad(name: str, allowed: str) -> None:
+            raise ValueError(f"TrainerConfig.{name}={getattr(self, name)!r} is invalid; allowed: {allowed}")
+
+        if not self.lr > 0:
+            bad("lr", "> 0")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                bad(name, "[0, 1)")
+        if not self.adam_eps > 0:
+            bad("adam_eps", "> 0")
+        if not self.weight_decay >= 0:
+            bad("weight_decay", ">= 0")
+        if not self.grad_clip >= 0:
+            bad("grad_clip", ">= 0 (0 disables)")
+        if not (isinstance(self.micro_batch_size, int) and self.micro_batch_size >= 1):
+            bad("micro_batch_size", "an int >= 1")
+        if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
+            bad("advantage_estimator", str(sorted(ADVANTAGE_ESTIMATORS)))
+        if not self.adv_eps > 0:
+            bad("adv_eps", "> 0")
+        if self.loss not in POLICY_LOSSES:
+            bad("loss", str(sorted(POLICY_LOSSES)))
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            bad("loss_agg_mode", str(list(LOSS_AGG_MODES)))
+        if not 0.0 < self.clip_ratio_low < 1.0:
+            bad("clip_ratio_low", "(0, 1)")
+        if not self.clip_ratio_high > 0:
+            bad("clip_ratio_high", "> 0")
+        if not self.kl_coef >= 0:
+            bad("kl_coef", ">= 0")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            bad("kl_estimator", str(list(KL_ESTIMATORS)))
+        if not self.logprob_temperature > 0:
+            bad("logprob_temperature", "> 0")
+        if not (isinstance(self.staleness, int) and self.staleness >= 0):
+            bad("staleness", "an int >= 0")
+        if not (isinstance(self.world_size, int) and self.world_size >= 1):
+            bad("world_size", "an int >= 1")
+        if self.backend not in BACKENDS:
+            bad("backend", str(list(BACKENDS)))
+        if self.device not in DEVICES:
+            bad("device", str(list(DEVICES)))
+        if self.device == "cpu" and self.backend == "nccl":
+            bad("backend", "gloo or auto when device='cpu' (NCCL needs CUDA)")
+        if self.param_dtype not in PARAM_DTYPES:
+            bad("param_dtype", str(list(PARAM_DTYPES)))
+        if not (isinstance(self.num_threads, int) and self.num_threads >= 1):
+            bad("num_threads", "an int >= 1")
+        if not self.timeout_s > 0:
+            bad("timeout_s", "> 0")
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,529 @@
+"""One rank of the FSDP2 GRPO trainer: the rank-local logic, whoever spawned the process.
+
+Owns: the sharded policy (`fully_shard` per decoder layer, then the root), its AdamW optimizer,
+the GRPO step (staleness filter, advantages, micro-batches, gradient accumulation, clipping), the
+full state dict for publishing, offload/reload of device memory, and sharded checkpoints.
+Does not own processes: the caller initialises the default process group first (with
+`init_process_group` below or its own), then builds a `TrainerWorker` and calls the same method on
+every rank in the same order (every method is collective). `pivotrl.engines.trainer.Trainer` does
+that with spawned processes; a Ray actor per device can do the same, one rank per actor.
+
+Batch semantics are documented on `TrainBatch`; the step's arithmetic lives in
+`pivotrl.rl.advantages` and `pivotrl.rl.losses`. CPU and GPU differ only in `device` and the
+collective backend (gloo or NCCL).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Hashable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from pivotrl.config.trainer import TrainerConfig
+from pivotrl.rl.advantages import compute_advantages
+from pivotrl.rl.losses import policy_loss
+
+# Files of a model folder that are weights; everything else (config, tokenizer, generation config)
+# is copied into the Hugging Face part of a checkpoint unchanged.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".safetensors.index.json", ".bin.index.json")
+
+
+@dataclass
+class TrainBatch:
+    """Samples for one policy update. Lists are per sample, all of the same length.
+
+    - `prompt_ids` / `response_ids`: token ids (no padding). Prompts must be non-empty; the loss
+      covers response tokens only.
+    - `versions`: the policy version that generated each sample (for the staleness bound).
+    - Either `advantages` (one scalar per sample, broadcast to its response tokens) or `rewards` +
+      `group_ids` (samples of one prompt share a group id; the trainer's estimator computes the
+      advantages over the whole batch *before* stale samples are dropped, so a group's baseline
+      does not depend on which of its samples are still fresh).
+    - `old_log_probs`: per response token, from the behaviour policy (e.g. the rollout engine).
+      When None, the current policy's own log-probs are used, detached: with one optimizer step
+      per batch that is exactly verl's "recompute old log-probs before the update", so the ratio
+      is 1 and PPO-clip reduces to the policy gradient. Pass them for stale samples if the
+      importance ratio should correct for staleness.
+    """
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    versions: list[int]
+    rewards: list[float] | None = None
+    group_ids: list[Hashable] | None = None
+    advantages: list[float] | None = None
+    old_log_probs: list[list[float]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field that is missing, ragged or malformed."""
+        n = len(self.prompt_ids)
+        if n == 0:
+            raise ValueError("TrainBatch.prompt_ids is empty: a batch needs at least one sample")
+        for name in ("response_ids", "versions", "rewards", "group_ids", "advantages", "old_log_probs"):
+            v = getattr(self, name)
+            if v is not None and len(v) != n:
+                raise ValueError(f"TrainBatch.{name} has {len(v)} entries, prompt_ids has {n}")
+        if self.advantages is None and (self.rewards is None or self.group_ids is None):
+            raise ValueError("TrainBatch needs either advantages, or rewards and group_ids")
+        for i, p in enumerate(self.prompt_ids):
+            if len(p) == 0:
+                raise ValueError(f"TrainBatch.prompt_ids[{i}] is empty (a prompt needs >= 1 token)")
+        if self.old_log_probs is not None:
+            for i, (r, lp) in enumerate(zip(self.response_ids, self.old_log_probs)):
+                if len(r) != len(lp):
+                    raise ValueError(
+                        f"TrainBatch.old_log_probs[{i}] has {len(lp)} entries, response_ids[{i}] has {len(r)}"
+                    )
+
+
+def resolve_device(cfg: TrainerConfig) -> tuple[str, str]:
+    """(device kind, backend) from `cfg.device` / `cfg.backend`, resolving `auto`."""
+    kind = cfg.device
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError("TrainerConfig.device='cuda' but CUDA is not available; use 'cpu' or 'auto'")
+    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if kind == "cuda" else "gloo")
+    return kind, backend
+
+
+def init_process_group(rank: int, world_size: int, init_method: str, backend: str, timeout_s: float = 600.0) -> None:
+    """Join the default process group (`init_method`: a `file://` or `tcp://` URL shared by all ranks)."""
+    dist.init_process_group(
+        backend=backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def _storage_bytes(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class TrainerWorker:
+    """The rank-local trainer. Every public method is collective: call it on all ranks."""
+
+    def __init__(self, cfg: TrainerConfig, model_path: str | os.PathLike, device: torch.device | str | None = None):
+        from transformers import AutoModelForCausalLM
+
+        if not dist.is_initialized():
+            raise RuntimeError("TrainerWorker needs an initialised default process group (see init_process_group)")
+        cfg.validate()
+        self.cfg = cfg
+        self.model_path = Path(model_path)
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        kind, _ = resolve_device(cfg)
+        if device is None:
+            device = f"cuda:{torch.cuda.current_device()}" if kind == "cuda" else "cpu"
+        self.device = torch.device(device)
+        torch.set_num_threads(cfg.num_threads)
+        self._seed_all(cfg.seed + self.rank)
+
+        if not (self.model_path / "config.json").is_file():
+            raise ValueError(f"model_path {str(self.model_path)!r} is not a Hugging Face model folder (no config.json)")
+        self.model = self._load_sharded(AutoModelForCausalLM)
+        self.model.train()
+        self.hf_config = self.model.config
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=cfg.lr,
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
+            eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+        )
+        # The reference policy for the KL term: the initial weights, frozen, sharded the same way.
+        self.ref_model = None
+        if cfg.kl_coef > 0:
+            self.ref_model = self._load_sharded(AutoModelForCausalLM)
+            self.ref_model.eval().requires_grad_(False)
+
+        self.version = 0  # policy version the current parameters represent; +1 per update
+        self.counters = {"steps": 0, "samples_trained": 0, "samples_rejected_stale": 0, "tokens_trained": 0}
+        self._offloaded: dict[int, tuple[torch.UntypedStorage, torch.Tensor]] | None = None
+
+    # ----------------------------------------------------------------------------------- setup
+    def _load_sharded(self, auto_cls: Any) -> torch.nn.Module:
+        model = auto_cls.from_pretrained(str(self.model_path), dtype=torch.float32).to(self.device)
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        mp = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if self.cfg.param_dtype == "bfloat16"
+            else MixedPrecisionPolicy()
+        )
+        # One FSDP unit per decoder layer (transformers names them in _no_split_modules), then the
+        # root for embeddings, final norm and the (possibly tied) LM head.
+        layer_classes = set(getattr(model, "_no_split_modules", None) or [])
+        layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
+        if not layers:
+            raise ValueError(f"cannot find decoder layers of {type(model).__name__} (_no_split_modules={layer_classes})")
+        for layer in layers:
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        return model
+
+    @staticmethod
+    def _seed_all(seed: int) -> None:
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
+    # ------------------------------------------------------------------------------ forward
+    def _micro_batches(self, indices: np.ndarray, total: int) -> list[np.ndarray]:
+        """This rank's share of `indices`, cut into the same number of micro-batches on every rank
+        (FSDP collectives must line up); a rank with less work gets empty micro-batches."""
+        shards = np.array_split(indices, self.world_size)
+        n_micro = max(1, math.ceil(len(shards[0]) / self.cfg.micro_batch_size))
+        mine = shards[self.rank]
+        mbs = self.cfg.micro_batch_size
+        return [mine[k * mbs : (k + 1) * mbs] for k in range(n_micro)]
+
+    def _token_log_probs(self, model: torch.nn.Module, batch: TrainBatch, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs `[B, R]` of each response token under `model`, and the 0/1 mask `[B, R]`.
+
+        Sequences are right-padded and run without an attention mask: causal attention means pad
+        tokens after a sequence never influence its own positions, and positions stay 0..L-1."""
+        prompts = [batch.prompt_ids[i] for i in idx]
+        resps = [batch.response_ids[i] for i in idx]
+        lens = [len(p) + len(r) for p, r in zip(prompts, resps)]
+        L, R = max(lens), max(1, max(len(r) for r in resps))
+        ids = torch.zeros(len(idx), L, dtype=torch.long)
+        pos = torch.zeros(len(idx), R, dtype=torch.long)
+        mask = torch.zeros(len(idx), R)
+        for b, (p, r) in enumerate(zip(prompts, resps)):
+            ids[b, : len(p) + len(r)] = torch.tensor(p + r, dtype=torch.long)
+            # Response token j sits at len(p)+j and is predicted by the logits at len(p)+j-1.
+            pos[b] = (len(p) - 1 + torch.arange(R)).clamp(max=L - 2 if L > 1 else 0)
+            mask[b, : len(r)] = 1.0
+        ids, pos, mask = ids.to(self.device), pos.to(self.device), mask.to(self.device)
+        logits = model(input_ids=ids, use_cache=False).logits  # [B, L, V]
+        sel = logits.gather(1, pos[..., None].expand(-1, -1, logits.shape[-1]))  # [B, R, V]
+        logp_all = torch.log_softmax(sel.float() / self.cfg.logprob_temperature, dim=-1)
+        targets = ids.gather(1, (pos + 1).clamp(max=L - 1))
+        logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)
+        return logp * mask, mask
+
+    def _padded(self, rows: list[list[float]], R: int) -> torch.Tensor:
+        out = torch.zeros(len(rows), R)
+        for b, r in enumerate(rows):
+            out[b, : len(r)] = torch.tensor(r, dtype=torch.float32)
+        return out.to(self.device)
+
+    # --------------------------------------------------------------------------------- step
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        """One policy update on the fresh samples of `batch`; returns metrics (same on all ranks).
+
+        The step trains the policy at version `self.version` and, if any sample is fresh enough,
+        moves it to `self.version + 1`. A batch whose samples are all stale changes nothing and
+        reports `trained = 0`."""
+        self._require_loaded("step")
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        batch.validate()
+        versions = np.asarray(batch.versions, dtype=np.int64)
+        if (versions > self.version).any():
+            raise ValueError(
+                f"TrainBatch.versions has version {int(versions.max())} > trainer version {self.version}"
+            )
+        if batch.advantages is not None:
+            adv = np.asarray(batch.advantages, dtype=np.float32)
+        else:
+            adv = compute_advantages(
+                cfg.advantage_estimator, batch.rewards, batch.group_ids, norm_by_std=cfg.norm_adv_by_std, eps=cfg.adv_eps
+            )
+        age = self.version - versions
+        fresh = np.nonzero(age <= cfg.staleness)[0]
+        n_rejected = len(batch) - len(fresh)
+        self.counters["samples_rejected_stale"] += n_rejected
+        metrics: dict[str, float] = {
+            "samples_rejected_stale": float(n_rejected),
+            "samples_rejected_stale_total": float(self.counters["samples_rejected_stale"]),
+        }
+        if batch.rewards is not None:
+            metrics["reward_mean"] = float(np.mean(batch.rewards))
+        if len(fresh) == 0:
+            return {**metrics, "trained": 0.0, "samples_trained": 0.0, "version": float(self.version)}
+
+        n_tok = sum(len(batch.response_ids[i]) for i in fresh)
+        n_seq = sum(1 for i in fresh if len(batch.response_ids[i]) > 0)
+        denom = float(n_tok if cfg.loss_agg_mode == "token-mean" else n_seq)
+        if denom == 0:
+            raise ValueError("every fresh sample in TrainBatch.response_ids is empty: nothing to train on")
+        micro = self._micro_batches(fresh, len(fresh))
+        sums = torch.zeros(6, dtype=torch.float64)  # loss, pg_loss, kl, clip*tok, akl*tok, ratio*tok
+        for k, mb in enumerate(micro):
+            weight = 1.0
+            if len(mb) == 0:  # keep collectives aligned: run a real sample with zero weight
+                mb, weight = fresh[:1], 0.0
+            idx = [int(i) for i in mb]
+            self.model.set_requires_gradient_sync(k == len(micro) - 1)
+            logp, mask = self._token_log_probs(self.model, batch, idx)
+            mask = mask * weight
+            old = (
+                logp.detach()
+                if batch.old_log_probs is None
+                else self._padded([batch.old_log_probs[i] for i in idx], logp.shape[1])
+            )
+            ref = None
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref, _ = self._token_log_probs(self.ref_model, batch, idx)
+            adv_t = torch.as_tensor(adv[idx], device=self.device)
+            loss, m = policy_loss(
+                cfg.loss, logp, old, adv_t, mask,
+                clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
+                agg_mode=cfg.loss_agg_mode, denominator=denom,
+                ref_log_probs=ref, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
+            )
+            # FSDP averages gradients over ranks; each rank's loss is already a share of the
+            # global mean, so scale by world size to get the gradient of the global loss.
+            (loss * self.world_size).backward()
+            ntok = float(mask.sum())
+            sums += torch.tensor([
+                float(loss.detach()), float(m["pg_loss"]), float(m.get("kl", 0.0)),
+                float(m["clipfrac"]) * ntok, float(m["approx_kl"]) * ntok, float(m["ratio_mean"]) * ntok,
+            ], dtype=torch.float64)
+        reduced = sums.to(self.device)
+        dist.all_reduce(reduced)
+        reduced = reduced.cpu()
+
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        stepped = math.isfinite(grad_norm)
+        if stepped:
+            self.version += 1
+            self.counters["steps"] += 1
+            self.counters["samples_trained"] += len(fresh)
+            self.counters["tokens_trained"] += n_tok
+        metrics.update({
+            "trained": float(stepped),
+            "loss": float(reduced[0]),
+            "pg_loss": float(reduced[1]),
+            "clipfrac": float(reduced[3]) / n_tok if n_tok else 0.0,
+            "approx_kl": float(reduced[4]) / n_tok if n_tok else 0.0,
+            "ratio_mean": float(reduced[5]) / n_tok if n_tok else 0.0,
+            "grad_norm": grad_norm,
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "samples_trained": float(len(fresh)),
+            "tokens_trained": float(n_tok),
+            "max_age_trained": float(age[fresh].max()),
+            "adv_mean": float(adv[fresh].mean()),
+            "adv_std": float(adv[fresh].std()),
+            "micro_batches": float(len(micro)),
+            "version": float(self.version),
+            "step_time_s": time.perf_counter() - t0,
+        })
+        if self.ref_model is not None:
+            metrics["kl"] = float(reduced[2])
+        return metrics
+
+    @torch.no_grad()
+    def compute_log_probs(self, batch: TrainBatch) -> list[list[float]] | None:
+        """Per-token log-probs of every response under the current policy (rank 0 gets them;
+        other ranks get None). Useful as `old_log_probs` or to check a rollout engine."""
+        self._require_loaded("compute_log_probs")
+        idx_all = np.arange(len(batch))
+        out: dict[int, list[float]] = {}
+        for mb in self._micro_batches(idx_all, len(batch)):
+            real = len(mb) > 0
+            idx = [int(i) for i in (mb if real else idx_all[:1])]
+            logp, _ = self._token_log_probs(self.model, batch, idx)
+            if real:
+                for b, i in enumerate(idx):
+                    out[i] = logp[b, : len(batch.response_ids[i])].cpu().tolist()
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, out)
+        if self.rank != 0:
+            return None
+        merged = {k: v for part in gathered for k, v in part.items()}
+        return [merged[i] for i in range(len(batch))]
+
+    # -------------------------------------------------------------------- publish / state
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The full (unsharded) policy on CPU with Hugging Face names; rank 0 only (None elsewhere)."""
+        self._require_loaded("full_state_dict")
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {k: v.detach().clone() for k, v in sd.items()} if self.rank == 0 else None
+
+    def state(self) -> dict[str, Any]:
+        return {"version": self.version, "counters": dict(self.counters), "world_size": self.world_size}
+
+    # --------------------------------------------------------------------- offload / reload
+    def _offloadable(self) -> list[torch.Tensor]:
+        """Tensors whose storage lives on the training device: sharded params, grads, optimizer
+        state (and the frozen reference). Storages are what get freed, so views share the fate
+        of their base (FSDP2's sharded param views included)."""
+        out: list[torch.Tensor] = []
+        for model in (self.model, self.ref_model):
+            if model is None:
+                continue
+            for p in model.parameters():
+                out.append(_local(p.data))
+                if p.grad is not None:
+                    out.append(_local(p.grad))
+        for st in self.optimizer.state.values():
+            out.extend(_local(v) for v in st.values() if torch.is_tensor(v))
+        return out
+
+    def device_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds in the storages of params, grads and optimizer state now."""
+        params = sum(_storage_bytes(_local(p.data)) for p in self.model.parameters())
+        grads = sum(_storage_bytes(_local(p.grad)) for p in self.model.parameters() if p.grad is not None)
+        optim = sum(
+            _storage_bytes(_local(v)) for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)
+        )
+        return {"params": params, "grads": grads, "optimizer": optim}
+
+    def offload(self) -> dict[str, float]:
+        """Copy every device storage of params, grads and optimizer state to host memory (pinned
+        on CUDA) and free the device storage (resize to 0 bytes), ahead of a role shift."""
+        if self._offloaded is not None:
+            return {"offloaded_bytes": 0.0, "offload_s": 0.0}
+        t0 = time.perf_counter()
+        pin = self.device.type == "cuda"
+        saved: dict[int, tuple[torch.UntypedStorage, torch.Tensor]] = {}
+        for t in self._offloadable():
+            s = t.untyped_storage()
+            if s.nbytes() == 0 or s.data_ptr() in saved:
+                continue
+            raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(s)  # the whole storage as bytes
+            host = torch.empty(s.nbytes(), dtype=torch.uint8, pin_memory=pin)
+            host.copy_(raw, non_blocking=pin)
+            saved[s.data_ptr()] = (s, host)
+        if pin:
+            torch.cuda.synchronize(self.device)
+        for s, _ in saved.values():
+            s.resize_(0)
+        self._offloaded = saved
+        return {"offloaded_bytes": float(sum(h.numel() for _, h in saved.values())), "offload_s": time.perf_counter() - t0}
+
+    def reload(self) -> dict[str, float]:
+        """Reallocate the freed device storages and copy the host copies back, bit for bit."""
+        if self._offloaded is None:
+            return {"reloaded_bytes": 0.0, "reload_s": 0.0}
+        t0 = time.perf_counter()
+        total = 0
+        for s, host in self._offloaded.values():
+            s.resize_(host.numel())
+            raw = torch.empty(0, dtype=torch.uint8, device=s.device).set_(s)
+            raw.copy_(host, non_blocking=host.is_pinned())
+            total += host.numel()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self._offloaded = None
+        return {"reloaded_bytes": float(total), "reload_s": time.perf_counter() - t0}
+
+    @property
+    def offloaded(self) -> bool:
+        return self._offloaded is not None
+
+    def _require_loaded(self, what: str) -> None:
+        if self._offloaded is not None:
+            raise RuntimeError(f"trainer state is offloaded to host memory; call reload() before {what}()")
+
+    # -------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> None:
+        """Write a checkpoint into the (empty or new) folder `path`:
+
+        - `hf/`: the policy as a Hugging Face folder (weights + the source folder's config and
+          tokenizer files), loadable by `AutoModelForCausalLM.from_pretrained`;
+        - `dcp/`: sharded model + optimizer state (torch.distributed.checkpoint; reshardable, so a
+          run may resume on a different world size);
+        - `rng/rank_<r>.pt`: each rank's torch/numpy/python RNG states;
+        - `trainer_state.json`: version and counters; `extra.json`: the caller's state (e.g. the
+          data cursor)."""
+        self._require_loaded("save_checkpoint")
+        path = Path(path)
+        if self.rank == 0:
+            path.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "dcp"))
+        full = self.full_state_dict()
+        (path / "rng").mkdir(exist_ok=True)
+        rng = {
+            "torch": torch.get_rng_state(),
+            "numpy": np.random.get_state(),
+            "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+        }
+        torch.save(rng, path / "rng" / f"rank_{self.rank}.pt")
+        if self.rank == 0:
+            self._save_hf(path / "hf", full)
+            (path / "trainer_state.json").write_text(json.dumps(self.state(), indent=2))
+            (path / "extra.json").write_text(json.dumps(extra or {}, indent=2))
+        dist.barrier()
+
+    def _save_hf(self, out: Path, full: dict[str, torch.Tensor]) -> None:
+        from transformers import AutoModelForCausalLM
+
+        out.mkdir(parents=True, exist_ok=True)
+        for f in self.model_path.iterdir():
+            if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES):
+                shutil.copy2(f, out / f.name)
+        # A meta-device skeleton takes the gathered tensors by assignment: no second random init,
+        # and save_pretrained handles tied weights and large-file sharding the HF way.
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(self.hf_config, dtype=torch.float32)
+        skeleton.load_state_dict(full, assign=True, strict=False)
+        skeleton.tie_weights()
+        skeleton.save_pretrained(str(out), safe_serialization=True)
+
+    def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
+        """Restore model, optimizer, version, counters and RNG from `path`; return its extra state.
+        RNG is restored only when the checkpoint was written by the same world size (per-rank
+        streams do not map onto a different rank count)."""
+        self._require_loaded("load_checkpoint")
+        path = Path(path)
+        if not (path / "trainer_state.json").is_file():
+            raise ValueError(f"checkpoint {str(path)!r} has no trainer_state.json (not a trainer checkpoint)")
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(path / "dcp"))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        self.optimizer.zero_grad(set_to_none=True)
+        meta = json.loads((path / "trainer_state.json").read_text())
+        self.version = int(meta["version"])
+        self.counters = {k: int(v) for k, v in meta["counters"].items()}
+        rng_file = path / "rng" / f"rank_{self.rank}.pt"
+        if int(meta["world_size"]) == self.world_size and rng_file.is_file():
+            rng = torch.load(rng_file, weights_only=False)
+            torch.set_rng_state(rng["torch"])
+            np.random.set_state(rng["numpy"])
+            random.setstate(rng["python"])
+            if rng.get("cuda") is not None and self.device.type == "cuda":
+                torch.cuda.set_rng_state(rng["cuda"], self.device)
+        dist.barrier()
+        return json.loads((path / "extra.json").read_text()) if (path / "extra.json").is_file() else {}
