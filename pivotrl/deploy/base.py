@@ -1,0 +1,279 @@
+"""The deployment controller base: an event-driven state machine over the sample pipeline.
+
+Owns what every mode shares: the two shift-aware schedulers (rollout, reward), the device
+allocation (which role holds which device, active replicas, devices mid-shift), shift bookkeeping,
+the sample pipeline and policy versions, and training start/finish. Modes are short subclasses that
+override hooks (verl style): `initial_plans`, `may_release`, `on_response`, `on_rollouts_complete`,
+`on_batch_ready`, `on_training_done`, `on_shift_done`, `on_tick`, `training_devices`.
+
+Pure: imports only the standard library and the project's control-plane types. It never learns a
+sequence's length before an event says it finished, so the `local` and `ray` runtimes can drive the
+same controllers from real engines.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pivotrl.config.planner import PlannerConfig
+from pivotrl.core.scheduler import ShiftAwareScheduler
+from pivotrl.core.throughput import ThroughputModel
+from pivotrl.core.types import INFERENCE_ROLES, Role, Sequence, ShiftPlan, Slot
+from pivotrl.deploy.events import (
+    Action, BatchReady, Dispatch, Event, Finish, PublishWeights, Record, SequenceFinished, ShiftDone,
+    Start, StartShift, StartTraining, StepDone, Tick, TrainingDone,
+)
+from pivotrl.deploy.pipeline import PromptSource, SamplePipeline
+
+
+@dataclass
+class ControlEnv:
+    """What a runtime tells a controller at construction (all plain values)."""
+
+    num_devices: int
+    node_size: int
+    tp: dict[Role, int]
+    """Replica size of rollout and reward."""
+    models: dict[Role, ThroughputModel]
+    """Throughput model of a rollout and a reward replica (fitted or derived by the runtime)."""
+    tau_shift: dict[Role, float]
+    """Estimated seconds for one shift (up + down) of a replica of each role, TRAIN included."""
+    prompts: PromptSource
+    prompts_per_step: int
+    group_size: int
+    steps: int
+    staleness: int
+    allocation: dict[Role, int] = field(default_factory=dict)
+    """Devices per role for static modes (rr_colocated: ROLLOUT is the shared pool), TRAIN for pivot."""
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    kv_reserve: int = 0
+
+
+def role_slots(role: Role, first: int, devices: int, tp: int) -> list[Slot]:
+    """Slots of `role` covering `devices` devices from `first`, one replica per `tp` devices."""
+    if devices % tp or first % tp:
+        raise ValueError(f"{role.value}: {devices} devices from device {first} are not whole aligned "
+                         f"replicas of tp={tp}")
+    return [Slot(role, d, tp) for d in range(first, first + devices, tp)]
+
+
+class Controller:
+    """Base controller. Subclasses pick the allocation and when to shift; the pipeline is shared."""
+
+    name = "base"
+    tick_s: float | None = None  # monitor ticks wanted (None = none)
+
+    def __init__(self, env: ControlEnv) -> None:
+        if env.num_devices < 1:
+            raise ValueError(f"cluster.num_devices must be >= 1, got {env.num_devices}")
+        self.env = env
+        self.pipe = SamplePipeline(env.prompts_per_step, env.group_size, env.steps, env.staleness)
+        self.sched: dict[Role, ShiftAwareScheduler] = {
+            r: ShiftAwareScheduler(r, env.models[r], kv_reserve=env.kv_reserve) for r in INFERENCE_ROLES}
+        self.owner: list[Role | None] = [None] * env.num_devices
+        self.active: dict[Role, dict[str, Slot]] = {r: {} for r in INFERENCE_ROLES}
+        self.pending: set[int] = set()
+        self.in_flight: list[ShiftPlan] = []
+        self.train_slot: Slot | None = None      # the training unit's slot while it holds devices
+        self.training: bool = False
+        self.step = 0
+        self.num_shifts = 0
+        self.step_shifts = 0
+
+    # ------------------------------------------------------------------ event entry
+    def handle(self, ev: Event) -> list[Action]:
+        """React to one event; return the actions to carry out, in order."""
+        if isinstance(ev, (Tick, ShiftDone, TrainingDone)):
+            self._apply_progress(ev.progress)
+        if isinstance(ev, Start):
+            return self._on_start(ev)
+        if isinstance(ev, SequenceFinished):
+            return self._on_finished(ev)
+        if isinstance(ev, ShiftDone):
+            return self._on_shift_done(ev)
+        if isinstance(ev, TrainingDone):
+            return self._on_training_done(ev)
+        if isinstance(ev, Tick):
+            return self.on_tick(ev)
+        if isinstance(ev, BatchReady):
+            return self.on_batch_ready(ev)
+        raise TypeError(f"unknown event {type(ev).__name__}")
+
+    def _apply_progress(self, progress: dict[Role, dict[int, int]]) -> None:
+        for role, counts in progress.items():
+            s = self.sched[role]
+            for sid, gen in counts.items():
+                if s.where(sid) is not None and gen > s.get(sid).generated:
+                    s.progress(sid, gen)
+
+    # ------------------------------------------------------------------ pipeline
+    def _on_start(self, ev: Start) -> list[Action]:
+        acts: list[Action] = []
+        for plan in self.initial_plans():
+            acts += self.start_shift(plan, ev.now)
+        acts += self.release(ev.now)
+        return acts
+
+    def release(self, now: float) -> list[Action]:
+        """Release every batch the staleness bound and the mode allow, and dispatch."""
+        released = False
+        while self.pipe.can_release() and self.may_release(self.pipe.next_release):
+            b = self.pipe.next_release
+            self.sched[Role.ROLLOUT].submit(self.pipe.release(self.env.prompts.prompts(b), now))
+            released = True
+        return self.dispatch(Role.ROLLOUT) if released else []
+
+    def dispatch(self, role: Role) -> list[Action]:
+        moves = self.sched[role].dispatch()
+        return [Dispatch(role, moves)] if moves else []
+
+    def _on_finished(self, ev: SequenceFinished) -> list[Action]:
+        s = self.sched[ev.role]
+        if s.where(ev.seq_id) is None:
+            raise RuntimeError(f"{ev.role.value} seq {ev.seq_id} finished but is not in the scheduler")
+        if ev.generated > s.get(ev.seq_id).generated:
+            s.progress(ev.seq_id, ev.generated)
+        s.finish(ev.seq_id)
+        acts: list[Action] = []
+        if ev.role == Role.ROLLOUT:
+            rseq = self.pipe.response_done(ev.seq_id, ev.generated, ev.now)
+            acts += self.on_response(rseq, ev.now)
+            acts += self.dispatch(Role.ROLLOUT)
+            b = self.pipe.batch_of(ev.seq_id)
+            if self.pipe.rollouts_complete(b):
+                acts += self.on_rollouts_complete(b, ev.now)
+        else:
+            complete = self.pipe.reward_done(ev.seq_id, ev.generated, ev.now)
+            acts += self.dispatch(Role.REWARD)
+            if complete:
+                acts += self.on_batch_ready(BatchReady(ev.now, self.pipe.batch_of(ev.seq_id)))
+        return acts
+
+    def submit_reward(self, seq: Sequence) -> list[Action]:
+        self.sched[Role.REWARD].submit([seq])
+        return self.dispatch(Role.REWARD)
+
+    def try_train(self, now: float) -> list[Action]:
+        """Start the next training step if its batch is ready and training devices are held."""
+        if self.training or not self.pipe.train_ready():
+            return []
+        devices = self.training_devices()
+        if not devices:
+            return []
+        b, ids, tokens = self.pipe.start_training(now)
+        self.training = True
+        return [StartTraining(b, self.pipe.version, ids, tokens, devices)]
+
+    def _on_training_done(self, ev: TrainingDone) -> list[Action]:
+        fig = self.pipe.training_done(ev.batch, ev.now)
+        self.training = False
+        if ev.version != self.pipe.version:
+            raise RuntimeError(f"runtime reports version {ev.version}, pipeline is at {self.pipe.version}")
+        fig.update(train_s=ev.seconds, shifts=self.step_shifts, allocation=self.allocation())
+        self.step += 1
+        self.step_shifts = 0
+        acts: list[Action] = [PublishWeights(self.pipe.version), StepDone(self.step, ev.batch, self.pipe.version, fig)]
+        if self.pipe.finished:
+            return acts + [Finish()]
+        acts += self.on_training_done(ev)
+        acts += self.release(ev.now)
+        return acts
+
+    # ------------------------------------------------------------------ allocation
+    def allocation(self) -> dict[str, int]:
+        """Devices per role now (pending devices count for the role they are shifting to)."""
+        out = {r.value: 0 for r in (Role.ROLLOUT, Role.REWARD, Role.TRAIN)}
+        out["free"] = 0
+        for o in self.owner:
+            out[o.value if o is not None else "free"] += 1
+        return out
+
+    def start_shift(self, plan: ShiftPlan, now: float) -> list[Action]:
+        """Begin a plan: move sequences off down replicas now, mark devices pending, ask the runtime."""
+        acts: list[Action] = []
+        for role in INFERENCE_ROLES:
+            ids = [s.slot_id for s in plan.down if s.role == role]
+            if ids:
+                for i in ids:
+                    del self.active[role][i]
+                moves = self.sched[role].shift_down(ids)
+                if moves:
+                    acts.append(Dispatch(role, moves))
+        for s in plan.down:
+            if s.role == Role.TRAIN:
+                if self.training:
+                    raise RuntimeError("a plan shifts down training while it runs a step")
+                self.train_slot = None
+        for s in plan.down + plan.up:
+            for d in s.devices:
+                self.pending.add(d)
+                self.owner[d] = None
+        for s in plan.up:
+            for d in s.devices:
+                self.owner[d] = plan.role_up
+        self.in_flight.append(plan)
+        self.num_shifts += len(plan.up) + len(plan.down)
+        self.step_shifts += len(plan.up) + len(plan.down)
+        acts.append(StartShift(plan))
+        return acts
+
+    def _on_shift_done(self, ev: ShiftDone) -> list[Action]:
+        plan = ev.plan
+        if plan is None or plan not in self.in_flight:
+            raise RuntimeError("ShiftDone for a plan this controller did not start")
+        self.in_flight.remove(plan)
+        for s in plan.down + plan.up:
+            self.pending.difference_update(s.devices)
+        acts: list[Action] = []
+        ups = [s for s in plan.up if s.role in INFERENCE_ROLES]
+        if ups:
+            role = ups[0].role
+            for s in ups:
+                self.active[role][s.slot_id] = s
+            moves = self.sched[role].shift_up([(s.slot_id, ev.kv_capacity[s.slot_id]) for s in ups],
+                                              migrate=self.env.planner.migration)
+            if moves:
+                acts.append(Dispatch(role, moves))
+        for s in plan.up:
+            if s.role == Role.TRAIN:
+                self.train_slot = s
+        acts.append(Record("allocation", {"now": ev.now, "allocation": self.allocation(),
+                                          "shift_seconds": list(ev.seconds)}))
+        return acts + self.on_shift_done(ev)
+
+    def training_devices(self) -> tuple[int, ...]:
+        """Devices training may use now (empty = not held)."""
+        return self.train_slot.devices if self.train_slot is not None else ()
+
+    # ------------------------------------------------------------------ hooks
+    def initial_plans(self) -> list[ShiftPlan]:
+        return []
+
+    def may_release(self, batch: int) -> bool:
+        """Mode-specific gate on top of the staleness bound."""
+        return True
+
+    def on_response(self, reward_seq: Sequence, now: float) -> list[Action]:
+        """A response finished; default: stream its GenRM sequence to the reward scheduler."""
+        return self.submit_reward(reward_seq)
+
+    def on_rollouts_complete(self, batch: int, now: float) -> list[Action]:
+        return []
+
+    def on_batch_ready(self, ev: BatchReady) -> list[Action]:
+        return self.try_train(ev.now)
+
+    def on_training_done(self, ev: TrainingDone) -> list[Action]:
+        return self.try_train(ev.now)
+
+    def on_shift_done(self, ev: ShiftDone) -> list[Action]:
+        return self.try_train(ev.now)
+
+    def on_tick(self, ev: Tick) -> list[Action]:
+        return []
+
+    # ------------------------------------------------------------------ introspection
+    def state(self) -> dict[str, Any]:
+        return {"version": self.pipe.version, "released": self.pipe.next_release,
+                "training": self.training, "allocation": self.allocation(),
+                "queued": {r.value: self.sched[r].queued() for r in INFERENCE_ROLES}}

@@ -1,0 +1,101 @@
+"""`pivot`: any device may hold any role; a planner shifts devices at run time (paper §7).
+
+Owns the pivot mode's hooks on top of the shared pipeline: building the planner's `ClusterView`
+snapshot, calling the configured strategy (`deploy.planner.strategy`, core's registry) on every
+monitor tick, on batch-ready, on training-done and when a shift frees devices, and applying the
+chosen plan through the base controller (shift down -> scheduler migration -> shift up).
+
+Training has a fixed home device set (the last `deploy.allocation.train` devices; its optimizer
+state lives in their host memory). The strategy plans the training shift up when a batch is ready;
+when a step finishes the controller shifts training down and the freed devices go back to
+inference at the next planner call (penalty 0). Every decision is recorded to the timeline.
+"""
+from __future__ import annotations
+
+import time
+
+from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
+from pivotrl.deploy.base import ControlEnv, Controller, role_slots
+from pivotrl.deploy.events import Action, BatchReady, Record, ShiftDone, Tick, TrainingDone
+
+
+class PivotController(Controller):
+    """Planner-driven shifting between rollout, reward and training."""
+
+    name = "pivot"
+
+    def __init__(self, env: ControlEnv) -> None:
+        super().__init__(env)
+        from pivotrl.core.strategies import make_strategy  # core's registry (pure)
+
+        tr = env.allocation.get(Role.TRAIN, 0)
+        n = env.num_devices
+        if not 1 <= tr <= n:
+            raise ValueError(f"deploy.allocation.train (pivot's training home set) must be in [1, {n}], got {tr}")
+        self.home = Slot(Role.TRAIN, n - tr, tr)
+        self.strategy = make_strategy(env.planner)
+        self.tick_s = env.planner.tick_s
+        self.planner_seconds = 0.0
+        self.planner_calls = 0
+        self.decisions = 0
+
+    def initial_plans(self) -> list[ShiftPlan]:
+        # Paper Fig. 10: at the start every device serves rollout (reward has nothing to judge yet).
+        tp = self.env.tp[Role.ROLLOUT]
+        return [ShiftPlan(Role.ROLLOUT, up=role_slots(Role.ROLLOUT, 0, self.env.num_devices, tp))]
+
+    # ------------------------------------------------------------------ planner
+    def view(self, now: float):
+        from pivotrl.core.planner import ClusterView, TrainView
+
+        train_up_in_flight = any(any(s.role == Role.TRAIN for s in p.up) for p in self.in_flight)
+        return ClusterView(
+            now=now, num_devices=self.env.num_devices, node_size=self.env.node_size,
+            tp={r: self.env.tp[r] for r in INFERENCE_ROLES},
+            owner=list(self.owner),
+            active={r: list(self.active[r].values()) for r in INFERENCE_ROLES},
+            schedulers=dict(self.sched),
+            train=TrainView(home=self.home.devices,
+                            holds_devices=self.train_slot is not None or train_up_in_flight,
+                            running=self.training,
+                            batch_ready=self.pipe.train_ready()),
+            tau_shift=dict(self.env.tau_shift),
+            pending=frozenset(self.pending),
+        )
+
+    def plan(self, now: float, trigger: str) -> list[Action]:
+        t0 = time.perf_counter()
+        decision = self.strategy.decide(self.view(now))
+        dt = time.perf_counter() - t0
+        self.planner_seconds += dt
+        self.planner_calls += 1
+        acts: list[Action] = []
+        if decision.chosen is not None and not decision.chosen.empty:
+            self.decisions += 1
+            rec = decision.to_record()
+            rec.update(trigger=trigger, planner_s=dt)
+            acts.append(Record("decision", rec))
+            acts += self.start_shift(decision.chosen, now)
+        return acts
+
+    # ------------------------------------------------------------------ hooks
+    def on_tick(self, ev: Tick) -> list[Action]:
+        return self.plan(ev.now, "tick")
+
+    def on_batch_ready(self, ev: BatchReady) -> list[Action]:
+        return self.try_train(ev.now) + self.plan(ev.now, "batch_ready")
+
+    def on_training_done(self, ev: TrainingDone) -> list[Action]:
+        # training done -> its home devices go back to the pool (shift down, then free)
+        if self.train_slot is not None and self.pipe.train_ready():
+            return self.try_train(ev.now)  # the next batch is already waiting: keep the devices
+        acts: list[Action] = []
+        if self.train_slot is not None:
+            acts += self.start_shift(ShiftPlan(Role.TRAIN, up=[], down=[self.train_slot]), ev.now)
+        return acts + self.plan(ev.now, "training_done")
+
+    def on_shift_done(self, ev: ShiftDone) -> list[Action]:
+        acts = self.try_train(ev.now)
+        if ev.plan is not None and not ev.plan.up:  # devices were freed: hand them out now
+            acts += self.plan(ev.now, "devices_freed")
+        return acts

@@ -1,0 +1,170 @@
+"""A simulated inference replica: decode advanced analytically between events.
+
+Owns the ground truth of one replica in the simulator: which sequences run on it, how many tokens
+each has generated, when the next one finishes, and its busy/low-throughput accounting. Knows
+nothing about schedulers or controllers (the runtime connects them).
+
+Analytic advance. With N running sequences fixed, one iteration takes `tau_i = A*(K + i*N) + c`
+(`c = max(B(N), C*N) + D`) and emits N tokens, so j iterations take
+
+    T(j) = j*(A*K + c) + A*N*j*(j-1)/2,
+
+core's `ThroughputModel.decode_time`. We extend T to real j (a fluid approximation, error under one
+iteration) so the time to the next completion is T(r) for the smallest remaining length r, and the
+iterations done in `dt` solve `T(j) = dt` in closed form. T(j1) followed by T'(j2) from the
+advanced state equals T(j1 + j2) exactly, so advancing in pieces never drifts.
+
+Prefill (new sequences and re-prefill after an abort) and weight publishes stall decode: the replica
+is busy for their time and emits no tokens (vLLM runs prefill ahead of decode).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+from pivotrl.core.throughput import ThroughputModel
+
+_EPS = 1e-7
+
+
+@dataclass
+class _Run:
+    gen0: int         # generated tokens when it joined
+    iter0: float      # replica iteration count when it joined
+    length0: int      # KV length when it joined (prompt + gen0)
+    finish_iter: float
+    target: int
+
+
+class SimReplica:
+    """One replica of an inference role on `tp` devices."""
+
+    def __init__(self, replica_id: str, model: ThroughputModel, tp: int, now: float,
+                 low_threshold: float = 0.0) -> None:
+        self.replica_id = replica_id
+        self.model = model
+        self.tp = tp
+        self.t = now
+        self.stall_until = now
+        self.iters = 0.0
+        self.k = 0.0
+        self.runs: dict[int, _Run] = {}
+        self._heap: list[tuple[float, int]] = []
+        self.low_threshold = low_threshold  # tokens/s per device under which time counts as "low"
+        # accounting (seconds of the replica, not device-seconds)
+        self.busy_s = 0.0
+        self.high_s = 0.0
+        self.tokens = 0.0
+        self.epoch = 0  # bumped whenever the next-finish time may change
+
+    # -- closed forms ------------------------------------------------------------------------
+    @property
+    def n(self) -> int:
+        return len(self.runs)
+
+    def _c(self) -> float:
+        m, n = self.model, self.n
+        return max(m.floor(n), m.C * n) + m.D
+
+    def time_for(self, j: float) -> float:
+        """Seconds for j (real) iterations from the current state."""
+        if j <= 0 or self.n == 0:
+            return 0.0
+        A, N = self.model.A, self.n
+        return j * (A * self.k + self._c()) + A * N * j * (j - 1.0) / 2.0
+
+    def iters_in(self, dt: float) -> float:
+        """Real iterations done in dt seconds (inverse of `time_for`)."""
+        if dt <= 0 or self.n == 0:
+            return 0.0
+        A, N = self.model.A, self.n
+        a = A * N / 2.0
+        b = A * self.k + self._c() - a
+        if a <= 0:
+            return dt / b
+        return 2.0 * dt / (b + math.sqrt(b * b + 4.0 * a * dt))
+
+    # -- time --------------------------------------------------------------------------------
+    def advance(self, now: float) -> None:
+        """Bring the replica's state to time `now`."""
+        if now <= self.t:
+            return
+        start = self.t
+        if self.stall_until > start:
+            stall_end = min(now, self.stall_until)
+            self.busy_s += stall_end - start
+            self.high_s += stall_end - start  # prefill/publish is useful work
+            start = stall_end
+        dt = now - start
+        if dt > 0 and self.n:
+            j = self.iters_in(dt)
+            self.iters += j
+            self.k += self.n * j
+            produced = self.n * j
+            self.tokens += produced
+            self.busy_s += dt
+            if produced / dt / self.tp >= self.low_threshold:
+                self.high_s += dt
+        self.t = now
+
+    def next_finish(self) -> float | None:
+        """Time of the next sequence completion (None when idle)."""
+        while self._heap:
+            fin, sid = self._heap[0]
+            r = self.runs.get(sid)
+            if r is not None and r.finish_iter == fin:
+                break
+            heapq.heappop(self._heap)  # stale entry of a removed sequence
+        if not self._heap:
+            return None
+        r = max(self._heap[0][0] - self.iters, 0.0)
+        return max(self.t, self.stall_until) + self.time_for(r)
+
+    # -- membership --------------------------------------------------------------------------
+    def add(self, seq_id: int, prompt_len: int, generated: int, target: int, prefill_s: float) -> None:
+        """Start a sequence (after `advance(now)`): prefill stalls decode for `prefill_s`."""
+        if seq_id in self.runs:
+            raise RuntimeError(f"seq {seq_id} is already running on {self.replica_id}")
+        length = prompt_len + generated
+        fin = self.iters + max(target - generated, 0)
+        self.runs[seq_id] = _Run(generated, self.iters, length, fin, target)
+        self.k += length
+        heapq.heappush(self._heap, (fin, seq_id))
+        self.stall_until = max(self.stall_until, self.t) + prefill_s
+        self.epoch += 1
+
+    def generated(self, seq_id: int) -> int:
+        r = self.runs[seq_id]
+        return min(r.target, r.gen0 + int(math.floor(self.iters - r.iter0 + _EPS)))
+
+    def remove(self, seq_id: int) -> int:
+        """Stop a sequence (after `advance(now)`); returns its generated tokens."""
+        r = self.runs.pop(seq_id)
+        gen = min(r.target, r.gen0 + int(math.floor(self.iters - r.iter0 + _EPS)))
+        self.k -= r.length0 + (self.iters - r.iter0)
+        if not self.runs:
+            self.k = 0.0  # no float residue on an empty replica
+        self.epoch += 1
+        return gen
+
+    def pop_finished(self) -> list[tuple[int, int]]:
+        """Remove and return (seq_id, generated) of every sequence done by now."""
+        out = []
+        while self._heap and self._heap[0][0] <= self.iters + _EPS * max(1.0, self.iters):
+            fin, sid = heapq.heappop(self._heap)
+            r = self.runs.get(sid)
+            if r is None or r.finish_iter != fin:
+                continue  # removed earlier (lazy heap)
+            self.remove(sid)
+            out.append((sid, r.target))
+        return out
+
+    def stall(self, seconds: float) -> None:
+        """Stop decoding for `seconds` from now (e.g. loading new weights)."""
+        self.stall_until = max(self.stall_until, self.t) + seconds
+        self.epoch += 1
+
+    def snapshot(self) -> dict[int, int]:
+        """seq_id -> generated tokens now."""
+        return {sid: self.generated(sid) for sid in self.runs}

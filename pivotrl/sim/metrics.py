@@ -1,0 +1,158 @@
+"""Run figures of the simulator: per-step metrics rows and the run summary (DESIGN §4.6).
+
+Owns: end-to-end throughput over the measured steps (after the warm-up), the ideal-utilisation bound
+and `efficiency = ideal / actual`, per-role busy fractions, the fraction of device time below 20 %
+of the role's peak per-device throughput, shifts per step and planner overhead.
+
+Ideal bound: every device always busy at its role's best per-device throughput, shifts free:
+`(W_rollout + W_reward + W_train) / devices`, where W_role is decode tokens / peak per-device
+tokens/s plus prefill device-seconds, and W_train the training compute device-seconds (the fixed
+per-step overhead T_fixed is left out: it is not work a device does, so the bound stays a bound).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan
+from pivotrl.sim import timemodel as tm
+
+if TYPE_CHECKING:
+    from pivotrl.sim.engine import SimReplica
+    from pivotrl.sim.runtime import SimRuntime, SimSetup
+
+
+class RunStats:
+    """Accumulates a run's figures as the runtime goes."""
+
+    def __init__(self, setup: "SimSetup", peak: dict[Role, float]) -> None:
+        self.s = setup
+        self.peak = peak
+        self.retired = {r: [0.0, 0.0, 0.0] for r in INFERENCE_ROLES}  # busy, high (device-s), tokens
+        self.train: list[list[float]] = []  # [start, end, gpus]
+        self.shift_plans = 0
+        self.replica_shifts = 0
+        self.shift_device_s = 0.0
+        self.decisions = 0
+        self.planner_s = 0.0
+        self.aborts = 0
+        self.reprefills = 0
+        self.rows: list[dict[str, Any]] = []
+        self.window0: float | None = None
+        self.base: dict[str, Any] | None = None
+        self.last_step_end = 0.0
+
+    # -- recording ---------------------------------------------------------------------------
+    def retire(self, rep: "SimReplica", role: Role) -> None:
+        acc = self.retired[role]
+        acc[0] += rep.busy_s * rep.tp
+        acc[1] += rep.high_s * rep.tp
+        acc[2] += rep.tokens
+
+    def shift(self, plan: ShiftPlan, now: float, seconds: float) -> None:
+        self.shift_plans += 1
+        self.replica_shifts += len(plan.up) + len(plan.down)
+        devs = {d for s in plan.up + plan.down for d in s.devices}
+        self.shift_device_s += len(devs) * seconds
+
+    def count_record(self, act) -> None:
+        if act.kind == "decision":
+            self.decisions += 1
+            self.planner_s += float(act.fields.get("planner_s", 0.0))
+
+    def train_start(self, now: float, gpus: int) -> None:
+        self.train.append([now, now, float(gpus)])
+
+    def train_end(self, now: float) -> None:
+        self.train[-1][1] = now
+
+    def _totals(self, rt: "SimRuntime") -> dict[str, Any]:
+        out = {r: list(v) for r, v in self.retired.items()}
+        for rid, rep in rt.replicas.items():
+            rep.advance(rt.now)
+            acc = out[rt.role_of[rid]]
+            acc[0] += rep.busy_s * rep.tp
+            acc[1] += rep.high_s * rep.tp
+            acc[2] += rep.tokens
+        return {"roles": out, "replica_shifts": self.replica_shifts, "shift_device_s": self.shift_device_s,
+                "planner_s": getattr(rt.ctrl, "planner_seconds", 0.0),
+                "planner_calls": getattr(rt.ctrl, "planner_calls", 0)}
+
+    def step_done(self, rt: "SimRuntime", act) -> dict[str, Any]:
+        f = dict(act.fields)
+        now = rt.now
+        step_time = now - self.last_step_end
+        row = {
+            "step": act.step, "time_s": now, "step_time_s": step_time,
+            "throughput_tokens_per_s": f["tokens"] / step_time if step_time > 0 else 0.0,
+            "rollout_s": (f["rollout_done_at"] or now) - f["released_at"],
+            "reward_s": (f["reward_done_at"] or now) - (f["rollout_done_at"] or now),
+            "train_wait_s": f["train_start"] - (f["reward_done_at"] or now),
+            "planner_s_total": getattr(rt.ctrl, "planner_seconds", 0.0),
+            "aborts_total": self.aborts, "reprefills_total": self.reprefills,
+            **f,
+        }
+        self.last_step_end = now
+        self.rows.append(row)
+        if act.step == self.s.warmup:
+            self.window0 = now
+            self.base = self._totals(rt)
+        return row
+
+    # -- summary -----------------------------------------------------------------------------
+    def ideal_time(self, batches: list[int]) -> dict[str, float]:
+        s = self.s
+        m, hw = s.cfg.models, s.cfg.cluster.hardware
+        c_ro, c_rm = s.costs[Role.ROLLOUT], s.costs[Role.REWARD]
+        w = {"rollout": 0.0, "reward": 0.0, "train": 0.0}
+        for b in batches:
+            policy_tokens = 0
+            for row in s.workload.batch_lengths(b):
+                for x in row:
+                    w["rollout"] += x.response / self.peak[Role.ROLLOUT] + c_ro.model.prefill_time(x.prompt) * c_ro.tp
+                    w["reward"] += x.genrm / self.peak[Role.REWARD] \
+                        + c_rm.model.prefill_time(x.prompt + x.response) * c_rm.tp
+                    policy_tokens += x.prompt + x.response
+            w["train"] += tm.training_work(m.policy, hw, m.sim, policy_tokens)
+        w["total"] = (w["rollout"] + w["reward"] + w["train"]) / s.num_devices
+        return w
+
+    def summary(self, rt: "SimRuntime", wall_s: float) -> dict[str, Any]:
+        s, cfg = self.s, self.s.cfg
+        end = self._totals(rt)
+        base = self.base or {"roles": {r: [0.0, 0.0, 0.0] for r in INFERENCE_ROLES}, "replica_shifts": 0,
+                             "shift_device_s": 0.0, "planner_s": 0.0, "planner_calls": 0}
+        t0 = self.window0 if self.window0 is not None else 0.0
+        measured = [r for r in self.rows if r["step"] > s.warmup]
+        span = rt.now - t0
+        tokens = sum(r["tokens"] for r in measured)
+        thr = tokens / span if span > 0 else 0.0
+        ideal = self.ideal_time([r["batch"] for r in measured])
+        dev_s = s.num_devices * span if span > 0 else 1.0
+        busy = {r.value: (end["roles"][r][0] - base["roles"][r][0]) / dev_s for r in INFERENCE_ROLES}
+        high = sum(end["roles"][r][1] - base["roles"][r][1] for r in INFERENCE_ROLES)
+        train_dev_s = sum(max(0.0, min(e, rt.now) - max(st, t0)) * g for st, e, g in self.train)
+        busy["train"] = train_dev_s / dev_s
+        n_meas = max(len(measured), 1)
+        mode = cfg.deploy.mode.value if hasattr(cfg.deploy.mode, "value") else str(cfg.deploy.mode)
+        return {
+            "deploy": mode, "models": cfg.models.name, "cluster": "sim",
+            "devices": s.num_devices, "steps": len(self.rows), "warmup_steps": s.warmup,
+            "measured_steps": len(measured),
+            "prompts_per_step": s.workload.P, "group_size": s.workload.G,
+            "throughput_tokens_per_s": thr, "measured_tokens": tokens, "measured_time_s": span,
+            "ideal_time_s": ideal["total"] * len(measured) / n_meas if measured else 0.0,
+            "ideal_efficiency": (ideal["total"] / span) if span > 0 and measured else 0.0,
+            "ideal_work_device_s": {k: v for k, v in ideal.items() if k != "total"},
+            "peak_tokens_per_s_per_device": {r.value: v for r, v in self.peak.items()},
+            "busy_fraction": busy,
+            "below_20pct_fraction": max(0.0, 1.0 - (high + train_dev_s) / dev_s),
+            "num_shifts": self.replica_shifts,
+            "shifts_per_step": (end["replica_shifts"] - base["replica_shifts"]) / n_meas,
+            "shift_device_s_per_step": (end["shift_device_s"] - base["shift_device_s"]) / n_meas,
+            "planner_overhead_s": end["planner_s"], "planner_calls": end["planner_calls"],
+            "planner_decisions": self.decisions,
+            "aborts": self.aborts, "reprefills": self.reprefills,
+            "allocation": {r.value: v for r, v in s.allocation.items()},
+            "sim_time_s": rt.now, "wall_s": wall_s,
+            "step_time_s": [r["step_time_s"] for r in self.rows],
+        }
