@@ -20,9 +20,20 @@ class PlannerConfig:
     """`rule` strategy: shift a role up when its KV utilisation is above this."""
     rule_down_kv: float = 0.1
     """`rule` strategy: shift a role down when its KV utilisation is below this."""
+    evaluation: str = "summary"
+    """How the planner evaluates a candidate's post-shift throughput (pivotrl/core/whatif.py):
+    `migrate` runs the real scheduler migration on clones (exact, slow at scale); `summary` is
+    its closed-form counterpart on a per-role summary (fast; error bounded in tests/core)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.horizon_s, (int, float)) and not self.horizon_s > 0:
             raise ValueError(f"deploy.planner.horizon_s (H) must be > 0 seconds, got {self.horizon_s}")
         if isinstance(self.tick_s, (int, float)) and not self.tick_s > 0:
             raise ValueError(f"deploy.planner.tick_s must be > 0 seconds, got {self.tick_s}")
+        if isinstance(self.evaluation, str) and self.evaluation not in ("migrate", "summary"):
+            raise ValueError(f"deploy.planner.evaluation={self.evaluation!r}: allowed values are "
+                             f"'migrate', 'summary'")
+        if (isinstance(self.rule_up_kv, (int, float)) and isinstance(self.rule_down_kv, (int, float))
+                and not 0.0 <= self.rule_down_kv < self.rule_up_kv <= 1.0):
+            raise ValueError(f"deploy.planner.rule_down_kv ({self.rule_down_kv}) and rule_up_kv "
+                             f"({self.rule_up_kv}) must satisfy 0 <= down < up <= 1")

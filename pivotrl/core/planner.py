@@ -1,0 +1,358 @@
+"""The pivot planner (DESIGN §4.3, paper §7 and App. D): which devices shift to which role, now.
+
+Owns the planner's inputs (`ClusterView`, `TrainView`), its output (`Decision` with every candidate,
+penalty, throughput and benefit, JSON-able for timeline.jsonl), the slot geometry, shift pairs, the
+DP of Algorithm 1 (`dp_candidates`, a pure function), and `PivotPlanner`, which runs the five steps:
+
+1. shift-up role: training if its batch is ready and it neither runs nor holds its devices (one
+   plan: whatever holds the home devices shifts down; no DP, no evaluation); else rollout or reward
+   by the larger `tau = N/T` (`T = 0` with `N > 0` is infinite demand; `N = 0` is no demand);
+2. shift pairs: the role's inactive, non-pending slots grouped by the set of other-role units that
+   block their devices; free devices and idle training (batch not ready) cost `phi = 0`; training
+   mid-step is never shifted down (its slots are not eligible); `phi = sum tau_shift[role]*T_i` over
+   the pair's shift-down replicas; pairs sorted by `phi` (then by first device, for determinism);
+3. `dp_candidates`: one minimum-penalty candidate per shift-up count `k`;
+4. evaluation: the gaining role's throughput after `k` replicas shift up (with or without
+   migration) and the losing role's after its shift-down set goes, by a what-if evaluator
+   (pivotrl.core.whatif: "migrate" = the real scheduler on clones, "summary" = closed form), then
+   paper Eq. 1 `T = (N_ro + N_rm) / (N_ro/T_ro + N_rm/T_rm)`;
+5. select the largest positive `B = H*(T_cand - T_now) - phi`, else keep the allocation.
+
+Conventions the controllers rely on (contract with pivotrl/deploy):
+  * scheduler replica ids are `Slot.slot_id`; training's unit is `Slot(Role.TRAIN, home[0], len(home))`;
+  * a plan's `up` slots all have the role `role_up` (one role per plan). A strategy that wants two
+    roles up at once (static) returns extra plans in `Decision.plans` (`chosen` is `plans[0]`);
+    executors should run every plan in `Decision.plans`, in order;
+  * new replicas' KV capacity comes from `ClusterView.kv_capacity[role]` when given, else the
+    largest capacity of the role's active replicas, else the last one the planner saw, else 2^40.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pivotrl.config.planner import PlannerConfig
+from pivotrl.core.scheduler import ShiftAwareScheduler
+from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
+from pivotrl.core.whatif import EVALUATORS, WhatIf
+
+_UNKNOWN_CAPACITY = 1 << 40
+
+
+@dataclass
+class TrainView:
+    home: tuple[int, ...]
+    holds_devices: bool
+    running: bool
+    batch_ready: bool
+
+    @property
+    def slot(self) -> Slot:
+        return Slot(Role.TRAIN, self.home[0], len(self.home))
+
+
+@dataclass
+class ClusterView:
+    """A snapshot the controller builds on every tick / batch-ready / training-done."""
+
+    now: float
+    num_devices: int
+    node_size: int
+    tp: dict[Role, int]
+    owner: list[Role | None]
+    active: dict[Role, list[Slot]]
+    schedulers: dict[Role, ShiftAwareScheduler]
+    train: TrainView
+    tau_shift: dict[Role, float]
+    pending: frozenset[int] | set[int] = frozenset()
+    kv_capacity: dict[Role, int] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.num_devices <= 0:
+            raise ValueError(f"ClusterView.num_devices must be > 0, got {self.num_devices}")
+        if len(self.owner) != self.num_devices:
+            raise ValueError(f"ClusterView.owner has {len(self.owner)} entries, num_devices is {self.num_devices}")
+        for r in INFERENCE_ROLES:
+            tp = self.tp.get(r)
+            if not tp or tp & (tp - 1) or self.node_size % tp:
+                raise ValueError(f"ClusterView.tp[{r.value}] must be a power of two dividing node_size "
+                                 f"{self.node_size}, got {tp}")
+
+
+def eq1_throughput(n_ro: float, t_ro: float, n_rm: float, t_rm: float) -> float:
+    """Paper Eq. 1, the weighted harmonic mean. A role with no sequences drops out; a role with
+    sequences and zero throughput makes the whole pipeline stall (0.0). Never NaN."""
+    denom = 0.0
+    for n, t in ((n_ro, t_ro), (n_rm, t_rm)):
+        if n > 0:
+            if t <= 0:
+                return 0.0
+            denom += n / t
+    return (n_ro + n_rm) / denom if denom > 0 else 0.0
+
+
+def role_demand(n: float, t: float) -> float:
+    """tau_role = N/T: infinite when T = 0 with work, 0 without work."""
+    if n <= 0:
+        return 0.0
+    return math.inf if t <= 0 else n / t
+
+
+@dataclass
+class ShiftPair:
+    """Ordered shift-up slots of the target role sharing one shift-down set, and its penalty phi."""
+
+    up: list[Slot]
+    down: list[Slot]
+    penalty: float
+
+
+@dataclass
+class Candidate:
+    plan: ShiftPlan
+    throughput: float
+    benefit: float
+    k: int = 0
+    role_throughput: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Decision:
+    now: float
+    role_up: Role | None
+    t_now: float
+    candidates: list[Candidate]
+    chosen: ShiftPlan | None
+    reason: str
+    timings: dict[str, float] = field(default_factory=dict)
+    extra: list[ShiftPlan] = field(default_factory=list)
+
+    @property
+    def plans(self) -> list[ShiftPlan]:
+        """Every plan to execute, in order (`chosen` first)."""
+        return ([self.chosen] if self.chosen is not None else []) + list(self.extra)
+
+    def to_record(self) -> dict[str, Any]:
+        def plan_rec(p: ShiftPlan) -> dict[str, Any]:
+            return {"role_up": p.role_up.value, "up": [s.slot_id for s in p.up],
+                    "down": [s.slot_id for s in p.down], "penalty": _num(p.penalty)}
+
+        return {
+            "now": self.now, "role_up": self.role_up.value if self.role_up else None,
+            "t_now": _num(self.t_now), "reason": self.reason,
+            "chosen": plan_rec(self.chosen) if self.chosen is not None else None,
+            "extra": [plan_rec(p) for p in self.extra],
+            "candidates": [{**plan_rec(c.plan), "k": c.k, "throughput": _num(c.throughput),
+                            "benefit": _num(c.benefit),
+                            "role_throughput": {k: _num(v) for k, v in c.role_throughput.items()}}
+                           for c in self.candidates],
+            "timings_s": dict(self.timings),
+        }
+
+
+def _num(x: float) -> float | str:
+    return x if math.isfinite(x) else ("inf" if x > 0 else "-inf" if x < 0 else "nan")
+
+
+# ---------------------------------------------------------------------- slot geometry
+def role_slots(role: Role, tp: int, num_devices: int) -> list[Slot]:
+    """All aligned slots of `role` (replica size `tp`) on `num_devices` devices."""
+    return [Slot(role, d, tp) for d in range(0, num_devices - tp + 1, tp)]
+
+
+def device_units(view: ClusterView) -> list[Slot | None]:
+    """Per device: the unit (active replica slot or training unit) holding it, None when free."""
+    units: list[Slot | None] = [None] * view.num_devices
+    for r in INFERENCE_ROLES:
+        for s in view.active.get(r, []):
+            for d in s.devices:
+                units[d] = s
+    if view.train.holds_devices and view.train.home:
+        t = view.train.slot
+        for d in t.devices:
+            units[d] = t
+    return units
+
+
+def shift_pairs(view: ClusterView, role: Role, replica_T: dict[str, float],
+                units: list[Slot | None] | None = None) -> list[ShiftPair]:
+    """Step 2: group `role`'s eligible inactive slots by their blocker set (see module docstring).
+    `replica_T` gives the throughput of every active other-role replica by slot id."""
+    units = device_units(view) if units is None else units
+    tp = view.tp[role]
+    active_first = {s.first_device for s in view.active.get(role, [])}
+    pending = view.pending
+    groups: dict[frozenset[Slot], list[Slot]] = {}
+    for slot in role_slots(role, tp, view.num_devices):
+        if slot.first_device in active_first:
+            continue
+        blockers: set[Slot] = set()
+        ok = True
+        for d in slot.devices:
+            if d in pending:
+                ok = False
+                break
+            u = units[d]
+            if u is None:
+                if view.owner[d] is not None:  # held but not by a known unit: mid-shift or same role
+                    ok = False
+                    break
+                continue
+            if u.role == role or (u.role == Role.TRAIN and (view.train.running or view.train.batch_ready)):
+                ok = False  # same role (not nested) or training that is (about to be) busy
+                break
+            blockers.add(u)
+        if ok:
+            groups.setdefault(frozenset(blockers), []).append(slot)
+    pairs = []
+    for blk, ups in groups.items():
+        down = sorted(blk, key=lambda s: (s.first_device, s.role.value))
+        phi = sum(view.tau_shift.get(s.role, 0.0) * replica_T.get(s.slot_id, 0.0)
+                  for s in down if s.role != Role.TRAIN)
+        pairs.append(ShiftPair(sorted(ups, key=lambda s: s.first_device), down, phi))
+    pairs.sort(key=lambda p: (p.penalty, p.up[0].first_device))
+    return pairs
+
+
+# ---------------------------------------------------------------------- Algorithm 1
+def dp_candidates(pairs: list[tuple[int, float]], K: int) -> list[tuple[int, float, tuple[tuple[int, int], ...]]]:
+    """Algorithm 1 (paper App. D). `pairs[i] = (r_i, phi_i)`: taking the first `e >= 1` slots of
+    pair i costs `phi_i` once. Returns, for every reachable `k` in 1..K, `(k, D[k], choice)` with
+    `choice = ((i, e), ...)` in pair order and `D[k]` the minimum total penalty for exactly `k`
+    slots. Ties keep the later candidate in traversal order (App. D.2). O(K * sum r_i)."""
+    if K < 0:
+        raise ValueError(f"dp_candidates: K must be >= 0, got {K}")
+    INF = math.inf
+    D = [0.0] + [INF] * K
+    # C[j] is a persistent linked list (i, e, parent) so a transition is O(1)
+    C: list[tuple | None] = [None] * (K + 1)
+    for i, (r, phi) in enumerate(pairs):
+        if r <= 0:
+            continue
+        Dh, Ch = D[:], C[:]
+        for j in range(K):
+            dj = D[j]
+            if dj == INF:
+                continue
+            d = dj + phi
+            cj = C[j]
+            for e in range(1, min(r, K - j) + 1):
+                if d <= Dh[j + e]:
+                    Dh[j + e] = d
+                    Ch[j + e] = (i, e, cj)
+        D, C = Dh, Ch
+    out = []
+    for k in range(1, K + 1):
+        if D[k] < INF:
+            choice, node = [], C[k]
+            while node is not None:
+                choice.append((node[0], node[1]))
+                node = node[2]
+            out.append((k, D[k], tuple(reversed(choice))))
+    return out
+
+
+# ---------------------------------------------------------------------- the planner
+def training_decision(view: ClusterView, replica_T: dict[Role, dict[str, float]], t_now: float) -> Decision | None:
+    """Step 1's training branch, shared by every strategy. None when training needs no shift."""
+    tr = view.train
+    if not (tr.batch_ready and not tr.running):
+        return None
+    if tr.holds_devices:
+        return Decision(view.now, Role.TRAIN, t_now, [], None, "training batch ready; training already holds its devices")
+    if any(d in view.pending for d in tr.home):
+        return Decision(view.now, Role.TRAIN, t_now, [], None, "training batch ready; home devices mid-shift")
+    units = device_units(view)
+    down = sorted({units[d] for d in tr.home if units[d] is not None}, key=lambda s: s.first_device)
+    # a replica straddling the home set also goes: it cannot keep running on part of its devices
+    phi = sum(view.tau_shift.get(s.role, 0.0) * replica_T.get(s.role, {}).get(s.slot_id, 0.0) for s in down)
+    plan = ShiftPlan(Role.TRAIN, up=[tr.slot], down=down, penalty=phi)
+    return Decision(view.now, Role.TRAIN, t_now, [Candidate(plan, t_now, -phi, k=1)], plan,
+                    "training batch ready: training shifts up on its home devices")
+
+
+class PivotPlanner:
+    """The five-step planner. `zero_one` swaps in the vanilla 0/1 throughput model."""
+
+    def __init__(self, cfg: PlannerConfig, migration: bool | None = None, zero_one: bool = False) -> None:
+        self.cfg = cfg
+        self.migration = cfg.migration if migration is None else migration
+        self.zero_one = zero_one
+        ev = getattr(cfg, "evaluation", "summary")
+        if ev not in EVALUATORS:
+            raise ValueError(f"deploy.planner.evaluation={ev!r}: allowed values are {sorted(EVALUATORS)}")
+        self.evaluator = EVALUATORS[ev]
+        self._seen_capacity: dict[Role, int] = {}
+
+    def capacity(self, view: ClusterView, role: Role) -> int:
+        if role in view.kv_capacity:
+            return int(view.kv_capacity[role])
+        caps = [r.kv_capacity for r in view.schedulers[role].replicas.values()]
+        if caps:
+            self._seen_capacity[role] = max(caps)
+        return self._seen_capacity.get(role, _UNKNOWN_CAPACITY)
+
+    def decide(self, view: ClusterView) -> Decision:
+        view.validate()
+        tm: dict[str, float] = {}
+        t0 = time.perf_counter()
+        wi: dict[Role, WhatIf] = {r: self.evaluator(view.schedulers[r], zero_one=self.zero_one) for r in INFERENCE_ROLES}
+        N = {r: float(view.schedulers[r].num_sequences()) for r in INFERENCE_ROLES}
+        T = {r: wi[r].now() for r in INFERENCE_ROLES}
+        t_now = eq1_throughput(N[Role.ROLLOUT], T[Role.ROLLOUT], N[Role.REWARD], T[Role.REWARD])
+        replica_T = {r: {s.slot_id: wi[r].replica_throughput(s.slot_id) for s in view.active.get(r, [])}
+                     for r in INFERENCE_ROLES}
+        # step 1: shift-up role
+        train = training_decision(view, replica_T, t_now)
+        if train is not None:
+            train.timings = {"role": time.perf_counter() - t0}
+            return train
+        demand = {r: role_demand(N[r], T[r]) for r in INFERENCE_ROLES}
+        up = max(INFERENCE_ROLES, key=lambda r: (demand[r], N[r]))
+        tm["role"] = time.perf_counter() - t0
+        if demand[up] <= 0:
+            return Decision(view.now, None, t_now, [], None, "no demand: no queued or running sequences", tm)
+        other = Role.REWARD if up == Role.ROLLOUT else Role.ROLLOUT
+        # step 2: shift pairs
+        t1 = time.perf_counter()
+        pairs = shift_pairs(view, up, replica_T[other])
+        tm["pairs"] = time.perf_counter() - t1
+        K = sum(len(p.up) for p in pairs)
+        # step 3: candidates by DP
+        t2 = time.perf_counter()
+        cands = dp_candidates([(len(p.up), p.penalty) for p in pairs], K)
+        tm["dp"] = time.perf_counter() - t2
+        # step 4: evaluate
+        t3 = time.perf_counter()
+        cap = self.capacity(view, up)
+        self.capacity(view, other)
+        out: list[Candidate] = []
+        for k, phi, choice in cands:
+            ups: list[Slot] = []
+            downs: list[Slot] = []
+            for i, e in choice:
+                ups += pairs[i].up[:e]
+                downs += pairs[i].down
+            t_up = wi[up].after_shift_up(k, cap, self.migration)
+            lost = [s.slot_id for s in downs if s.role == other]
+            t_other = wi[other].after_shift_down(lost) if lost else T[other]
+            Tr = {up: t_up, other: t_other}
+            t_c = eq1_throughput(N[Role.ROLLOUT], Tr[Role.ROLLOUT], N[Role.REWARD], Tr[Role.REWARD])
+            benefit = self.cfg.horizon_s * (t_c - t_now) - phi
+            plan = ShiftPlan(up, up=ups, down=sorted(downs, key=lambda s: (s.first_device, s.role.value)), penalty=phi)
+            out.append(Candidate(plan, t_c, benefit, k, {r.value: v for r, v in Tr.items()}))
+        tm["evaluate"] = time.perf_counter() - t3
+        # step 5: select
+        t4 = time.perf_counter()
+        best = None
+        for c in out:
+            if c.benefit > 0 and (best is None or c.benefit > best.benefit):
+                best = c
+        tm["select"] = time.perf_counter() - t4
+        if best is None:
+            reason = "no eligible slots" if not out else "no candidate has a positive benefit"
+            return Decision(view.now, up, t_now, out, None, reason, tm)
+        return Decision(view.now, up, t_now, out, best.plan,
+                        f"k={best.k} {up.value} replicas up, benefit {best.benefit:.4g}", tm)

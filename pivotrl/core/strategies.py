@@ -1,0 +1,189 @@
+"""Shift strategies by name (DESIGN §4.3 ablations, paper Fig. 11): `pivot`, `static`, `rule`, `vanilla`.
+
+Owns the registry `STRATEGIES` and `make_strategy(cfg)`. Every strategy has a `migration` attribute:
+whether executors should run shift-up migration (Alg. 4) when they carry out its plans (vanilla:
+False whatever the config says). Every strategy has `decide(view) -> Decision`
+and shares step 1's training rule (a ready batch pulls training onto its home devices), so the
+ablations differ only in how inference devices move:
+
+* `pivot`: the five-step planner (pivotrl.core.planner). `deploy.planner.migration=false` is the
+  "pivot without migration" ablation: candidates are evaluated, and shifts executed, without Alg. 4.
+* `vanilla`: the same planner with a 0/1 throughput model (a replica with any running sequence
+  counts 1, an idle one 0) and no migration (paper: "Vanilla", without the throughput model).
+* `static`: only the devices idle training holds (or frees) move, split evenly between rollout and
+  reward: the first half of the home set goes to rollout, the second half to reward. Nothing else
+  ever moves. Its two shift-ups come as `Decision.chosen` (rollout) + `Decision.extra` (reward).
+* `rule`: KV utilisation. The inference role whose utilisation is above `rule_up_kv` (the higher
+  one if both; a role with work and no replica counts as full) shifts up onto every slot whose
+  devices are free, held by idle training, or held by replicas of the other role whose utilisation
+  is below `rule_down_kv` (those shift down). A lone shift down with nobody to take the devices
+  would only idle them, so the rule shifts down only as part of a shift up.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from pivotrl.config.planner import PlannerConfig
+from pivotrl.core.planner import (ClusterView, Decision, PivotPlanner, ShiftPair, device_units, eq1_throughput,
+                                  role_slots, training_decision)
+from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
+
+
+class Strategy(Protocol):
+    def decide(self, view: ClusterView) -> Decision: ...
+
+
+def _snapshot(view: ClusterView) -> tuple[dict[Role, float], dict[Role, float], float, dict[Role, dict[str, float]]]:
+    N = {r: float(view.schedulers[r].num_sequences()) for r in INFERENCE_ROLES}
+    T = {r: view.schedulers[r].throughput() for r in INFERENCE_ROLES}
+    t_now = eq1_throughput(N[Role.ROLLOUT], T[Role.ROLLOUT], N[Role.REWARD], T[Role.REWARD])
+    rT = {r: {s.slot_id: (view.schedulers[r].replica_throughput(s.slot_id)
+                          if s.slot_id in view.schedulers[r].replicas else 0.0)
+              for s in view.active.get(r, [])} for r in INFERENCE_ROLES}
+    return N, T, t_now, rT
+
+
+def _free_or(view: ClusterView, slot: Slot, units: list[Slot | None], allowed) -> set[Slot] | None:
+    """The blocker set of `slot` if every device is free or held by a unit `allowed(unit)` accepts."""
+    blockers: set[Slot] = set()
+    active = {s.first_device for s in view.active.get(slot.role, [])}
+    if slot.first_device in active:
+        return None
+    for d in slot.devices:
+        if d in view.pending:
+            return None
+        u = units[d]
+        if u is None:
+            if view.owner[d] is not None:
+                return None
+            continue
+        if not allowed(u):
+            return None
+        blockers.add(u)
+    return blockers
+
+
+def _plan(role: Role, ups: list[Slot], downs: set[Slot], view: ClusterView, rT) -> ShiftPlan:
+    down = sorted(downs, key=lambda s: (s.first_device, s.role.value))
+    phi = sum(view.tau_shift.get(s.role, 0.0) * rT.get(s.role, {}).get(s.slot_id, 0.0)
+              for s in down if s.role != Role.TRAIN)
+    return ShiftPlan(role, up=ups, down=down, penalty=phi)
+
+
+class StaticStrategy:
+    """Idle training devices only, split evenly between rollout and reward."""
+
+    def __init__(self, cfg: PlannerConfig) -> None:
+        self.cfg = cfg
+        self.migration = cfg.migration
+
+    def decide(self, view: ClusterView) -> Decision:
+        view.validate()
+        N, T, t_now, rT = _snapshot(view)
+        train = training_decision(view, rT, t_now)
+        if train is not None:
+            return train
+        tr = view.train
+        if tr.running or tr.batch_ready or not tr.home:
+            return Decision(view.now, None, t_now, [], None, "static: training busy or about to train")
+        units = device_units(view)
+        home = list(tr.home)
+        half = len(home) // 2
+        plans: list[ShiftPlan] = []
+        for role, part in ((Role.ROLLOUT, home[:half]), (Role.REWARD, home[half:])):
+            tp = view.tp[role]
+            devs = set(part)
+            ups, downs = [], set()
+            for s in role_slots(role, tp, view.num_devices):
+                if not set(s.devices) <= devs:
+                    continue
+                blk = _free_or(view, s, units, lambda u: u.role == Role.TRAIN)
+                if blk is None:
+                    continue
+                ups.append(s)
+                downs |= blk
+            if ups:
+                plans.append(_plan(role, ups, downs, view, rT))
+        if not plans:
+            return Decision(view.now, None, t_now, [], None, "static: no idle training devices")
+        # the training unit shifts down once, with the first plan
+        seen: set[Slot] = set()
+        for p in plans:
+            p.down = [s for s in p.down if s not in seen]
+            seen |= set(p.down)
+        return Decision(view.now, plans[0].role_up, t_now, [], plans[0],
+                        "static: idle training devices split between rollout and reward", extra=plans[1:])
+
+
+class RuleStrategy:
+    """KV-utilisation thresholds (see the module docstring)."""
+
+    def __init__(self, cfg: PlannerConfig) -> None:
+        self.cfg = cfg
+        self.migration = cfg.migration
+
+    def utilisation(self, view: ClusterView, role: Role) -> float:
+        s = view.schedulers[role]
+        if not s.replicas:
+            return float("inf") if s.num_sequences() > 0 else 0.0
+        return s.kv_utilisation() if s.queued() == 0 else max(1.0, s.kv_utilisation())
+
+    def decide(self, view: ClusterView) -> Decision:
+        view.validate()
+        N, T, t_now, rT = _snapshot(view)
+        train = training_decision(view, rT, t_now)
+        if train is not None:
+            return train
+        util = {r: self.utilisation(view, r) for r in INFERENCE_ROLES}
+        hot = [r for r in INFERENCE_ROLES if util[r] > self.cfg.rule_up_kv]
+        if not hot:
+            return Decision(view.now, None, t_now, [], None, f"rule: no role above {self.cfg.rule_up_kv} KV utilisation")
+        up = max(hot, key=lambda r: util[r])
+        other = Role.REWARD if up == Role.ROLLOUT else Role.ROLLOUT
+        cold = util[other] < self.cfg.rule_down_kv
+        train_idle = view.train.holds_devices and not view.train.running and not view.train.batch_ready
+
+        def allowed(u: Slot) -> bool:
+            return (u.role == Role.TRAIN and train_idle) or (u.role == other and cold)
+
+        units = device_units(view)
+        ups, downs = [], set()
+        for s in role_slots(up, view.tp[up], view.num_devices):
+            blk = _free_or(view, s, units, allowed)
+            if blk is not None:
+                ups.append(s)
+                downs |= blk
+        if not ups:
+            return Decision(view.now, up, t_now, [], None, f"rule: {up.value} is hot but no device can move")
+        plan = _plan(up, ups, downs, view, rT)
+        return Decision(view.now, up, t_now, [], plan,
+                        f"rule: {up.value} KV {util[up]:.2f} > {self.cfg.rule_up_kv}; {other.value} KV {util[other]:.2f}")
+
+
+class VanillaStrategy(PivotPlanner):
+    """The pivot planner with a 0/1 throughput model and no migration."""
+
+    def __init__(self, cfg: PlannerConfig) -> None:
+        super().__init__(cfg, migration=False, zero_one=True)
+
+
+class PivotStrategy(PivotPlanner):
+    def __init__(self, cfg: PlannerConfig) -> None:
+        super().__init__(cfg)
+
+
+STRATEGIES: dict[str, type] = {"pivot": PivotStrategy, "static": StaticStrategy, "rule": RuleStrategy,
+                               "vanilla": VanillaStrategy}
+
+
+def make_strategy(cfg: PlannerConfig) -> Strategy:
+    """Build the strategy `cfg.strategy` names."""
+    try:
+        cls = STRATEGIES[cfg.strategy]
+    except KeyError:
+        raise ValueError(f"deploy.planner.strategy={cfg.strategy!r}: allowed values are "
+                         f"{', '.join(sorted(STRATEGIES))}") from None
+    return cls(cfg)
+
+
+__all__ = ["STRATEGIES", "Strategy", "make_strategy", "ShiftPair"]
