@@ -43,6 +43,11 @@ class GPSConfig:
     """How bytes move: `shm` (one process, `/dev/shm`-backed tensors), `ray` (one store actor per
     node, shared memory on the node, Ray object transfer across nodes), `nixl` (needs `nixl`)."""
 
+    ray_node_resource: str = ""
+    """`ray` transport only: format string of the Ray custom resource that marks GPS node `i`
+    (e.g. `"gps_node_{}"`); its NodeStore actor is pinned there. Empty: GPS node `i` is the `i`-th
+    alive Ray node, pinned by node affinity."""
+
     shm_dir: str = "/dev/shm"
     """Directory of the shared-memory files that back stored tensors (tmpfs, so pages are RAM)."""
 

@@ -241,7 +241,7 @@ def validate_layout(spec: ModelSpec, layout: Layout) -> None:
             continue
         unit = spec.head_dim if "self_attn" in t.name else 1
         if t.shape[dim] % (unit * tp):
-            what = f" ({t.shape[dim] // unit} heads of {unit})" if unit > 1 else ""
+            what = f" = {t.shape[dim] // unit} heads of {unit}" if unit > 1 else ""
             raise ValueError(f"layout tp={tp} does not divide dim {dim} of {t.name} "
                              f"(size {t.shape[dim]}{what})")
 

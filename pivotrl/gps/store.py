@@ -72,6 +72,8 @@ class GlobalParameterStore:
         self.transport = transport or make_transport(self.config, num_nodes)
         self.table = table or VersionTable(num_nodes, self.config.node_memory_budget_bytes,
                                            self.config.write_headroom_versions, self.config.alignment_bytes)
+        #: per-model side data kept with the store (hf_io keeps the imported config.json here)
+        self.attachments: dict[str, dict[str, Any]] = {}
         self._init_local()
 
     def _init_local(self) -> None:
@@ -82,7 +84,7 @@ class GlobalParameterStore:
 
     def __getstate__(self) -> dict:  # ship to device actors: config, transport and table handles
         return {"config": self.config, "num_nodes": self.num_nodes, "links": self.links,
-                "transport": self.transport, "table": self.table}
+                "transport": self.transport, "table": self.table, "attachments": self.attachments}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -110,6 +112,7 @@ class GlobalParameterStore:
 
     def unregister(self, model: str) -> None:
         self._free(self.table.remove_model(model))
+        self.attachments.pop(model, None)
         with self._lock:
             self._models.pop(model, None)
             for key in [k for k in self._plans if k[1] == model]:
@@ -195,6 +198,7 @@ class GlobalParameterStore:
             shards[dev] = sd
         res = ReadResult(v, shards)
         remote: dict[int, list] = defaultdict(list)
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (source view, destination view)
         for t in plan.transfers:
             dev = plan.devices[t.device]
             e = chunks[t.chunk].entries[t.src]
@@ -212,7 +216,8 @@ class GlobalParameterStore:
             if t.dst not in sd:  # zero-copy: the device tensor is this one whole slice
                 sd[t.dst] = src
             else:
-                sd[t.dst][box_slices(t.dst_box)].copy_(src)
+                pairs.append((src, sd[t.dst][box_slices(t.dst_box)]))
+        self.transport.copy_local(pairs)
         for h, pairs in remote.items():
             got = self.transport.read_remote(bufs[h], [it for _, it in pairs])
             for (t, _), src in zip(pairs, got):
@@ -260,6 +265,7 @@ class GlobalParameterStore:
                     bufs[n] = self.transport.allocate(n, f"{safe}-v{v}-n{n}", chunks[placement.chunk_of(n)].nbytes)
                 views = {n: self.transport.local_view(ref) for n, ref in bufs.items()}
                 remote: dict[int, list] = defaultdict(list)
+                pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
                 for t in plan.transfers:
                     e = chunks[t.chunk].entries[t.src]
                     rel = ((t.src_box[0][0] - e.rows[0], t.src_box[0][1] - e.rows[0]),) + t.src_box[1:]
@@ -268,7 +274,9 @@ class GlobalParameterStore:
                     if views[t.holder] is None:
                         remote[t.holder].append((item, src))
                     else:
-                        chunk_view(views[t.holder], e.offset, e.shape, item[2])[box_slices(rel)].copy_(src)
+                        pairs.append((src, chunk_view(views[t.holder], e.offset, e.shape, item[2])[box_slices(rel)]))
+                self.transport.copy_local(pairs)
+                del pairs
                 for h, pairs in remote.items():
                     self.transport.write_remote(bufs[h], [i for i, _ in pairs], [s for _, s in pairs])
                 del views

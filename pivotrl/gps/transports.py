@@ -93,6 +93,12 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def local_view(self, ref: BufferRef) -> torch.Tensor | None: ...
 
+    def copy_local(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Copy each (source, destination) pair of same-shape tensors, both reachable from this
+        process; a transport with its own engine (NIXL) batches them."""
+        for src, dst in pairs:
+            dst.copy_(src)
+
     def read_remote(self, ref: BufferRef, items: list[SliceItem]) -> list[torch.Tensor]:
         raise NotImplementedError(f"transport {self.name!r} cannot reach node {ref.node}")
 

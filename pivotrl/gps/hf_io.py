@@ -1,0 +1,84 @@
+"""Hugging Face interchange: import a safetensors model directory into GPS, export a version back.
+
+Owns only file formats. The shapes come from the directory's `config.json` (so the layout rules
+match what `transformers` builds); each tensor's dtype comes from the safetensors header and is
+kept as stored (bf16 stays bf16). Export writes `model.safetensors` plus the original
+`config.json` (and tokenizer/generation files when the import directory had them), so
+`transformers.AutoModelForCausalLM.from_pretrained(path)` loads it.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from pivotrl.gps.layout import Layout, ModelSpec, TensorSpec
+from pivotrl.gps.planner import Device
+from pivotrl.gps.store import GlobalParameterStore
+from pivotrl.gps.transports import dtype_name
+
+_SIDE_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+               "vocab.json", "merges.txt")
+
+
+def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
+    path = Path(path)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path}")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as h:
+            for k in h.keys():
+                out[k] = h.get_tensor(k)
+    return out
+
+
+def import_hf(store: GlobalParameterStore, model: str, path: str | Path, *, frozen: bool = False) -> int:
+    """Register `model` from an HF directory and load its weights as version 0."""
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise FileNotFoundError(f"{cfg_file} not found: not a Hugging Face model directory")
+    cfg = json.loads(cfg_file.read_text())
+    sd = read_safetensors_dir(path)
+    if cfg.get("tie_word_embeddings") and "lm_head.weight" in sd:
+        sd.pop("lm_head.weight")  # tied: the embedding is the head, HF does not store it twice
+    shape_spec = ModelSpec.from_config(cfg)
+    # dtypes as stored on disk, shapes as the config says (a mismatch then fails the name/shape check)
+    tensors = tuple(TensorSpec(t.name, t.shape, dtype_name(sd[t.name].dtype) if t.name in sd else t.dtype)
+                    for t in shape_spec.tensors)
+    spec = ModelSpec(tensors, num_layers=shape_spec.num_layers, head_dim=shape_spec.head_dim,
+                     num_experts=shape_spec.num_experts, tie_word_embeddings=shape_spec.tie_word_embeddings)
+    v = store.register(model, spec=spec, frozen=frozen, state_dict=sd)
+    store.attachments.setdefault(model, {})["hf"] = (cfg, str(path))  # for export: config + tokenizer
+    assert v is not None
+    return v
+
+
+def export_hf(store: GlobalParameterStore, model: str, out_dir: str | Path, *, version: int | None = None,
+              config: dict | None = None) -> int:
+    """Write `version` (default: current) of `model` as an HF checkpoint directory; returns the
+    version written. `config` (a config.json dict) is needed when the model was not imported."""
+    src_dir = None
+    if config is None:
+        hf = store.attachments.get(model, {}).get("hf")
+        if hf is None:
+            raise ValueError(f"export_hf({model!r}) needs config=: the model was not imported from HF here")
+        config, src_dir = hf
+    dev = Device(0, 0)
+    res = store.read(model, [dev], Layout(), version=version)
+    sd = {k: t.contiguous() for k, t in res.shards[dev].items()}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    if src_dir is not None:
+        for name in _SIDE_FILES:
+            if (Path(src_dir) / name).exists():
+                shutil.copy(Path(src_dir) / name, out / name)
+    return res.version
