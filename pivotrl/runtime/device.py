@@ -1,0 +1,283 @@
+"""One Ray actor per device: it hosts at most one active role (an engine replica or a trainer rank).
+
+Owns: the device process, its thread budget (`torch.set_num_threads`) and core pinning
+(`os.sched_setaffinity`, only where the node has a core per device thread: `cluster.cores_for_device`),
+the role hosts on this device (one active, the rest dormant with only their preserved context:
+`roles.py`), and the driving loop of an active inference engine.
+
+Driving model. The protocol's engines are synchronous (`pivotrl.engines.protocol`). A background
+thread steps the active engine while it has work, so decoding never waits for the driver. The
+driver talks to the actor between iterations: `submit` / `abort` / `load_weights` go through the
+engine's own lock, and `poll(timeout)` blocks until a completion is ready (or the timeout passes)
+and returns completions, per-sequence token deltas since the last poll (`progress`) and the
+engine's stats with its per-iteration timing samples (the monitor fits the throughput model from
+them). The driver keeps every sequence's tokens from these deltas, so if this actor dies the
+sequences resume elsewhere from the last tokens it reported (nothing is lost; tokens generated
+after the last poll are generated again).
+
+`abort` and a completion can race (a sequence finishes in the iteration right before the abort).
+`abort` takes the step lock and also hands back any already-finished completion of the requested
+ids, so the driver learns of each sequence exactly once: aborted with tokens, or finished.
+
+The actor is a threaded Ray actor (`max_concurrency`), so a blocking `poll` never holds up `abort`.
+Training methods are collective (every home device is called with the same command; `executor.py`
+does that). Knows nothing about schedulers, plans or the control plane.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from pivotrl.core.types import Role
+from pivotrl.runtime.roles import InferenceHost, RoleHost, RoleSpec, ShiftTiming, TrainHost, make_host
+
+log = logging.getLogger(__name__)
+
+#: Ray threads per device actor: the blocking poll, one control call, and spare for stats/info.
+ACTOR_CONCURRENCY = 4
+
+
+@dataclass
+class DevicePoll:
+    """What one `poll` returns."""
+
+    device: int
+    completions: list[Any] = field(default_factory=list)
+    """`protocol.Completion`s, each reported once."""
+    progress: dict[int, list[int]] = field(default_factory=dict)
+    """New tokens per live sequence since the previous poll (append to the driver's copy)."""
+    stats: Any = None
+    """`protocol.EngineStats` (samples drained) of the active engine, or None."""
+    role: str | None = None
+    error: str | None = None
+    """The background loop's exception, if the engine failed (the driver treats it as a dead device)."""
+
+
+@dataclass
+class AbortResult:
+    """What `abort` returns: stopped sequences with all their tokens, and ones that had finished."""
+
+    aborted: dict[int, list[int]] = field(default_factory=dict)
+    finished: list[Any] = field(default_factory=list)
+
+
+class DeviceWorker:
+    """The body of a device actor (`DeviceActor` is this class under `ray.remote`)."""
+
+    def __init__(self, device: int, threads: int = 1, cores: list[int] | None = None) -> None:
+        import torch
+
+        self.device = int(device)
+        self.threads = int(threads)
+        torch.set_num_threads(self.threads)
+        os.environ["OMP_NUM_THREADS"] = str(self.threads)
+        self.cores: list[int] | None = None
+        if cores and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, set(cores))
+            self.cores = sorted(os.sched_getaffinity(0))
+        self.hosts: dict[Role, RoleHost] = {}
+        self.active: RoleHost | None = None
+        self._cv = threading.Condition()  # guards outbox, reported lengths, active, error
+        self._step_lock = threading.Lock()  # held by one engine step, an abort, or a shift
+        self._outbox: list[Any] = []
+        self._reported: dict[int, int] = {}
+        self._error: str | None = None
+        self._stop = False
+        self._loop = threading.Thread(target=self._run, name=f"device{device}-loop", daemon=True)
+        self._loop.start()
+
+    # ------------------------------------------------------------------ identity
+    def info(self) -> dict[str, Any]:
+        import ray
+        import torch
+
+        ctx = ray.get_runtime_context()
+        return {"device": self.device, "pid": os.getpid(), "host": socket.gethostname(),
+                "node_id": ctx.get_node_id(), "threads": torch.get_num_threads(), "cores": self.cores,
+                "role": None if self.active is None else self.active.role.value,
+                "dormant": sorted(r.value for r, h in self.hosts.items() if not h.active)}
+
+    def ping(self) -> int:
+        return self.device
+
+    # ------------------------------------------------------------------ role shifts
+    def shift_up(self, spec: RoleSpec, state_dict: Mapping[str, Any] | None = None,
+                 version: int = 0) -> ShiftTiming:
+        """Make `spec.role` the active role (reusing its preserved context if this device held it)."""
+        with self._step_lock:
+            if self.active is not None:
+                raise RuntimeError(f"device {self.device}: shift_up({spec.role.value}) while "
+                                   f"{self.active.role.value} is active; shift it down first")
+            host = self.hosts.get(spec.role)
+            if host is None or host.spec.model_path != spec.model_path:
+                host = self.hosts[spec.role] = make_host(spec)
+            timing = host.shift_up(state_dict, version)
+            with self._cv:
+                self.active = host
+                self._reported.clear()
+                self._cv.notify_all()
+            return timing
+
+    def shift_down(self) -> ShiftTiming:
+        """Discard/offload the active role's context; keep its preserved part for a later shift up."""
+        with self._step_lock:
+            if self.active is None:
+                return ShiftTiming("none", "down", 0.0)
+            host = self.active
+            timing = host.shift_down()
+            with self._cv:
+                self.active = None
+                self._reported.clear()
+                self._cv.notify_all()
+            return timing
+
+    # ------------------------------------------------------------------ inference
+    def _engine(self) -> Any:
+        if not isinstance(self.active, InferenceHost):
+            held = None if self.active is None else self.active.role.value
+            raise RuntimeError(f"device {self.device} has no active inference role (active: {held})")
+        return self.active.engine
+
+    def submit(self, requests: list[Any]) -> int:
+        """Queue `GenerationRequest`s (fresh or resumed) on the active engine; returns how many."""
+        eng = self._engine()
+        for r in requests:
+            eng.submit(r)
+        with self._cv:
+            for r in requests:
+                self._reported[r.seq_id] = len(r.generated)
+            self._cv.notify_all()
+        return len(requests)
+
+    def abort(self, seq_ids: list[int] | None = None) -> AbortResult:
+        """Stop `seq_ids` (all when None) and return their tokens; finished ones come back as such."""
+        with self._step_lock:
+            if not isinstance(self.active, InferenceHost):
+                return AbortResult()
+            aborted = self.active.engine.abort(seq_ids)
+            with self._cv:
+                want = None if seq_ids is None else set(seq_ids)
+                done = [c for c in self._outbox if want is None or c.seq_id in want]
+                self._outbox = [c for c in self._outbox if not (want is None or c.seq_id in want)]
+                for sid in aborted:
+                    self._reported.pop(sid, None)
+                for c in done:
+                    self._reported.pop(c.seq_id, None)
+            return AbortResult(aborted=aborted, finished=done)
+
+    def load_weights(self, state_dict: Mapping[str, Any], version: int) -> float:
+        """Replace the active engine's weights in place; returns seconds taken."""
+        t0 = time.perf_counter()
+        self._engine().load_weights(state_dict, version)
+        return time.perf_counter() - t0
+
+    def poll(self, timeout: float = 0.5) -> DevicePoll:
+        """Wait up to `timeout` s for a completion; return completions, token deltas and stats."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while not self._outbox and self._error is None and time.monotonic() < deadline:
+                self._cv.wait(max(0.0, deadline - time.monotonic()))
+            out, self._outbox = self._outbox, []
+            host = self.active
+            error = self._error
+        res = DevicePoll(device=self.device, completions=out, error=error,
+                         role=None if host is None else host.role.value)
+        if isinstance(host, InferenceHost) and host.engine is not None and host.active:
+            snap = host.engine.snapshot()
+            res.stats = host.engine.stats(drain=True)
+            with self._cv:
+                for sid, toks in snap.items():
+                    seen = self._reported.get(sid, 0)
+                    if len(toks) > seen:
+                        res.progress[sid] = toks[seen:]
+                        self._reported[sid] = len(toks)
+                for c in out:
+                    self._reported.pop(c.seq_id, None)
+        return res
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not self._has_work():
+                    self._cv.wait(0.05)
+                if self._stop:
+                    return
+            try:
+                with self._step_lock:
+                    host = self.active
+                    if not isinstance(host, InferenceHost) or not host.active:
+                        continue
+                    done = host.engine.step()
+            except Exception as e:  # surfaced through poll: the driver retires this device
+                log.exception("device %d: engine step failed", self.device)
+                with self._cv:
+                    self._error = f"{type(e).__name__}: {e}"
+                    self._cv.notify_all()
+                return
+            if done:
+                with self._cv:
+                    self._outbox.extend(done)
+                    self._cv.notify_all()
+
+    def _has_work(self) -> bool:
+        host = self.active
+        return isinstance(host, InferenceHost) and host.active and host.engine.has_unfinished() \
+            and self._error is None
+
+    # ------------------------------------------------------------------ training (collective)
+    def _trainer(self) -> Any:
+        host = self.hosts.get(Role.TRAIN)
+        if not isinstance(host, TrainHost) or host.worker is None:
+            raise RuntimeError(f"device {self.device} holds no trainer rank (shift training up first)")
+        return host.worker
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        return self._trainer().step(batch)
+
+    def full_state_dict(self) -> dict[str, Any] | None:
+        """The full policy on rank 0 (None on other ranks). Collective."""
+        return self._trainer().full_state_dict()
+
+    def trainer_state(self) -> dict[str, Any]:
+        return self._trainer().state()
+
+    def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> None:
+        self._trainer().save_checkpoint(path, extra)
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        return self._trainer().load_checkpoint(path)
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._loop.join(timeout=5)
+        with self._step_lock:
+            for host in self.hosts.values():
+                host.close()
+            self.hosts.clear()
+            self.active = None
+
+
+def device_actor_class() -> Any:
+    """`DeviceWorker` as a threaded Ray actor class (built lazily so importing this needs no Ray)."""
+    import ray
+
+    return ray.remote(max_concurrency=ACTOR_CONCURRENCY, max_restarts=0)(DeviceWorker)
+
+
+def spawn_device(cluster: Any, device: int) -> Any:
+    """Start the actor of `device` on its bundle, with its thread budget and (if possible) cores."""
+    from pivotrl.runtime.cluster import cores_for_device
+
+    threads = cluster.spec.threads_per_device
+    # Virtual devices of every virtual node share this machine, so cores go by global index.
+    cores = cores_for_device(device, threads) if cluster.spec.kind == "local" else None
+    cls = device_actor_class()
+    return cls.options(name=None, **cluster.actor_options(device)).remote(device, threads, cores)

@@ -1,0 +1,260 @@
+"""Role contexts on one device: what each role holds, and how it shifts down and up (DESIGN §4.5).
+
+Owns: the four context categories, each role's declaration of what it holds in each, and the two
+halves of a shift on one device, each timed:
+
+| role            | temporary                      | parameters        | offloadable                         | preserved                                |
+|-----------------|--------------------------------|-------------------|-------------------------------------|------------------------------------------|
+| rollout/reward  | KV cache, running sequences,   | weights (policy   | none on the CPU engine (vLLM: its   | the engine object/process, tokenizer,    |
+|                 | activations                    | at version v /    | sleep-mode buffers)                 | model config, sampling generator         |
+|                 |                                | frozen GenRM)     |                                     |                                          |
+| train (rank r)  | activations, gradients         | none: training is | sharded parameters, gradients,      | process group and rank, the worker       |
+|                 |                                | the GPS *writer*  | AdamW state                         | object, RNG streams, policy version      |
+
+- `shift_down` discards temporary (running sequences must already have been aborted by the
+  executor's scheduler moves, which is how their tokens reach the queue; anything still live is
+  aborted here and its tokens are returned, never dropped), discards parameters (engine
+  `release_memory`), and offloads the offloadable part to host memory (trainer `offload`).
+- `shift_up` reads parameters at the current version (from the `ParameterSource` the executor
+  hands in: the GPS, or the published state dict) and reloads what was offloaded. The first
+  shift up of a role on a device builds its preserved context (cold start, also timed).
+
+Training's parameters are declared offloadable, not "parameters": its fp32 master weights and
+optimizer state are the source of truth that GPS is written *from*, so they go to host memory and
+come back bit for bit; reading them back from GPS would lose the optimizer state. Training also
+never moves: its host keeps its home devices and its process group across shifts.
+
+Knows nothing about Ray, schedulers or which device it is on (device.py hosts these objects).
+"""
+from __future__ import annotations
+
+import enum
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Mapping
+
+from pivotrl.core.types import Role
+
+
+class Category(str, enum.Enum):
+    """The four kinds of role context (DESIGN §4.5)."""
+
+    TEMPORARY = "temporary"
+    """Discarded on shift down (KV cache, activations)."""
+    PARAMETERS = "parameters"
+    """Discarded on shift down; read back from GPS at the current version on shift up."""
+    OFFLOADABLE = "offloadable"
+    """Moved to host memory on shift down, moved back on shift up."""
+    PRESERVED = "preserved"
+    """Kept across shifts (processes, communication groups)."""
+
+
+@dataclass(frozen=True)
+class ContextDecl:
+    """What one role holds, by category (names are for records and tests)."""
+
+    temporary: tuple[str, ...]
+    parameters: tuple[str, ...]
+    offloadable: tuple[str, ...]
+    preserved: tuple[str, ...]
+
+    def of(self, category: Category) -> tuple[str, ...]:
+        return getattr(self, category.value)
+
+    def as_dict(self) -> dict[str, list[str]]:
+        return {c.value: list(self.of(c)) for c in Category}
+
+
+@dataclass
+class ShiftTiming:
+    """One half of a shift on one device, measured where it ran."""
+
+    role: str
+    direction: str
+    """`up` or `down`."""
+    seconds: float
+    cold: bool = False
+    """Shift up that had to build the preserved context first (engine/trainer construction)."""
+    version: int | None = None
+    detail: dict[str, float] = field(default_factory=dict)
+    aborted: dict[int, list[int]] = field(default_factory=dict)
+    """Sequences still live at shift down, with their tokens (normally empty: the executor aborts
+    them through the scheduler first)."""
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """Everything a device needs to host a role (picklable: it travels to the device actor)."""
+
+    role: Role
+    model_name: str
+    """GPS model key (`policy` or `genrm`)."""
+    model_path: str
+    """Hugging Face folder the role is built from (weights are then replaced by a GPS read)."""
+    engine: Any = None
+    """`EngineConfig` for rollout/reward."""
+    trainer: Any = None
+    """`TrainerConfig` for training."""
+    rank: int = 0
+    """Training rank of this device within the home set."""
+    world_size: int = 1
+    """Training world size (home devices)."""
+    init_method: str | None = None
+    """Process-group rendezvous URL shared by the training ranks (`file://...`)."""
+
+    def __post_init__(self) -> None:
+        if self.role in (Role.ROLLOUT, Role.REWARD) and self.engine is None:
+            raise ValueError(f"RoleSpec for {self.role.value} needs an EngineConfig (RoleSpec.engine)")
+        if self.role == Role.TRAIN:
+            if self.trainer is None:
+                raise ValueError("RoleSpec for train needs a TrainerConfig (RoleSpec.trainer)")
+            if not 0 <= self.rank < self.world_size:
+                raise ValueError(f"RoleSpec.rank={self.rank} must be in [0, world_size={self.world_size})")
+            if self.world_size > 1 and not self.init_method:
+                raise ValueError("RoleSpec.init_method is required when world_size > 1")
+
+
+class RoleHost(ABC):
+    """One role's context on one device. `active` is True between shift_up and shift_down."""
+
+    CONTEXT: ClassVar[ContextDecl]
+
+    def __init__(self, spec: RoleSpec) -> None:
+        self.spec = spec
+        self.active = False
+
+    @property
+    def role(self) -> Role:
+        return self.spec.role
+
+    @abstractmethod
+    def shift_up(self, state_dict: Mapping[str, Any] | None, version: int) -> ShiftTiming: ...
+
+    @abstractmethod
+    def shift_down(self) -> ShiftTiming: ...
+
+    def close(self) -> None:
+        """Free everything, preserved context included (device teardown)."""
+
+
+def build_engine(spec: RoleSpec) -> Any:
+    """Construct the inference engine of `spec` through the engine registry (`engine.name` picks it)."""
+    from pivotrl.engines.registry import create_engine
+
+    return create_engine(spec.model_path, spec.engine)
+
+
+class InferenceHost(RoleHost):
+    """A rollout (policy) or reward (GenRM) engine replica."""
+
+    CONTEXT = ContextDecl(
+        temporary=("kv_cache", "running_sequences", "activations"),
+        parameters=("weights",),
+        offloadable=(),
+        preserved=("engine", "tokenizer", "model_config", "sampling_generator"),
+    )
+
+    def __init__(self, spec: RoleSpec) -> None:
+        if spec.role not in (Role.ROLLOUT, Role.REWARD):
+            raise ValueError(f"InferenceHost hosts rollout or reward, not {spec.role.value}")
+        super().__init__(spec)
+        self.engine: Any = None
+
+    def shift_up(self, state_dict: Mapping[str, Any] | None, version: int) -> ShiftTiming:
+        t0 = time.perf_counter()
+        cold = self.engine is None
+        if cold:
+            self.engine = build_engine(self.spec)
+            if state_dict is not None:
+                self.engine.load_weights(state_dict, version)
+        else:
+            self.engine.reacquire_memory(state_dict, version)
+        self.active = True
+        return ShiftTiming(self.role.value, "up", time.perf_counter() - t0, cold=cold,
+                           version=int(self.engine.stats(drain=False).version))
+
+    def shift_down(self) -> ShiftTiming:
+        t0 = time.perf_counter()
+        aborted: dict[int, list[int]] = {}
+        if self.engine is not None and self.active:
+            aborted = self.engine.abort(None)  # normally empty; never drop tokens
+            self.engine.release_memory()
+        self.active = False
+        return ShiftTiming(self.role.value, "down", time.perf_counter() - t0, aborted=aborted)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+        self.active = False
+
+
+class TrainHost(RoleHost):
+    """One FSDP2 rank of the trainer. Its process group is created on the first shift up and kept."""
+
+    CONTEXT = ContextDecl(
+        temporary=("activations", "gradients"),
+        parameters=(),
+        offloadable=("sharded_parameters", "gradients", "optimizer_state"),
+        preserved=("process_group", "rank", "trainer_worker", "rng_streams", "policy_version"),
+    )
+
+    def __init__(self, spec: RoleSpec) -> None:
+        if spec.role != Role.TRAIN:
+            raise ValueError(f"TrainHost hosts train, not {spec.role.value}")
+        super().__init__(spec)
+        self.worker: Any = None
+
+    def _build(self) -> None:
+        import torch.distributed as dist
+
+        from pivotrl.engines.trainer_worker import TrainerWorker, init_process_group, resolve_device
+
+        cfg = self.spec.trainer
+        if not dist.is_initialized():
+            _, backend = resolve_device(cfg)
+            init = self.spec.init_method or f"file://{Path('/tmp') / 'pivotrl_pg_single'}"
+            init_process_group(self.spec.rank, self.spec.world_size, init, backend, cfg.timeout_s)
+        self.worker = TrainerWorker(cfg, self.spec.model_path)
+
+    def shift_up(self, state_dict: Mapping[str, Any] | None, version: int) -> ShiftTiming:
+        del state_dict  # training is the GPS writer: it reloads its own state, reads nothing
+        t0 = time.perf_counter()
+        cold = self.worker is None
+        detail: dict[str, float] = {}
+        if cold:
+            self._build()
+        else:
+            detail = dict(self.worker.reload())
+        self.active = True
+        return ShiftTiming(self.role.value, "up", time.perf_counter() - t0, cold=cold,
+                           version=int(self.worker.version), detail=detail)
+
+    def shift_down(self) -> ShiftTiming:
+        t0 = time.perf_counter()
+        detail: dict[str, float] = {}
+        if self.worker is not None and self.active:
+            detail = dict(self.worker.offload())
+        self.active = False
+        return ShiftTiming(self.role.value, "down", time.perf_counter() - t0, detail=detail,
+                           version=None if self.worker is None else int(self.worker.version))
+
+    def close(self) -> None:
+        self.worker = None
+        self.active = False
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # teardown must not mask the run's own error
+            pass
+
+
+HOSTS: dict[Role, type[RoleHost]] = {Role.ROLLOUT: InferenceHost, Role.REWARD: InferenceHost, Role.TRAIN: TrainHost}
+
+
+def make_host(spec: RoleSpec) -> RoleHost:
+    return HOSTS[spec.role](spec)

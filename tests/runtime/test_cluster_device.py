@@ -1,0 +1,148 @@
+"""Cluster start/teardown, the too-few-resources error, and device actors hosting real CPU engines.
+
+One Ray session for the whole module (Ray start is slow on 2 loaded cores); 1 thread per actor.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from pivotrl.core.types import Role  # noqa: E402
+from pivotrl.runtime.cluster import ClusterResourceError, ClusterSpec, cores_for_device, start_cluster  # noqa: E402
+from pivotrl.runtime.device import spawn_device  # noqa: E402
+from pivotrl.runtime.roles import Category, InferenceHost, RoleSpec, TrainHost  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = start_cluster(ClusterSpec(kind="local", num_devices=3, node_size=4, threads_per_device=1))
+    try:
+        yield c
+    finally:
+        c.shutdown()
+    assert not ray.is_initialized()
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    from pivotrl.models.tiny import create_tiny_model
+
+    return str(create_tiny_model(tmp_path_factory.mktemp("tiny") / "policy"))
+
+
+def _engine_cfg():
+    from pivotrl.config.engine import EngineConfig
+
+    return EngineConfig(name="cpu", num_threads=1, max_num_seqs=8, kv_capacity_tokens=4096)
+
+
+def _requests(ids, max_tokens, generated=None):
+    from pivotrl.engines.protocol import GenerationRequest, SamplingParams
+
+    p = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    return [GenerationRequest(seq_id=i, prompt_ids=[5, 6, 7 + i], params=p,
+                              generated=list((generated or {}).get(i, []))) for i in ids]
+
+
+def _collect(actor, n, timeout=120.0):
+    done, progress = {}, {}
+    deadline = time.monotonic() + timeout
+    while len(done) < n and time.monotonic() < deadline:
+        res = ray.get(actor.poll.remote(0.5))
+        assert res.error is None, res.error
+        for sid, toks in res.progress.items():
+            progress.setdefault(sid, []).extend(toks)
+        for c in res.completions:
+            assert c.seq_id not in done, "a completion was reported twice"
+            done[c.seq_id] = c
+    assert len(done) == n, f"only {len(done)}/{n} finished"
+    return done, progress
+
+
+def test_more_devices_than_resources_names_both_numbers(cluster):
+    with pytest.raises(ClusterResourceError, match=r"num_devices=5.*only 3 'pivot_device'"):
+        start_cluster(ClusterSpec(kind="local", num_devices=5, node_size=8))
+    with pytest.raises(ClusterResourceError, match=r"num_devices=2.*only 0 'GPU'"):
+        start_cluster(ClusterSpec(kind="ray", num_devices=2, node_size=8, address=None))
+    assert ray.is_initialized(), "a failed attach must not shut down the session it attached to"
+
+
+def test_cores_for_device_pins_only_when_enough_cores():
+    assert cores_for_device(1, 2, available=[0, 1, 2, 3]) == [2, 3]
+    assert cores_for_device(2, 1, available=[0, 1]) is None
+
+
+def test_actor_thread_budget_and_placement(cluster):
+    actors = [spawn_device(cluster, d) for d in range(3)]
+    try:
+        infos = ray.get([a.info.remote() for a in actors])
+        assert [i["device"] for i in infos] == [0, 1, 2]
+        assert all(i["threads"] == 1 for i in infos)
+        assert len({i["pid"] for i in infos}) == 3, "one process per device"
+        assert all(i["role"] is None for i in infos)
+    finally:
+        for a in actors:
+            ray.kill(a)
+
+
+def test_role_context_declarations_cover_four_categories():
+    for host in (InferenceHost, TrainHost):
+        decl = host.CONTEXT.as_dict()
+        assert set(decl) == {c.value for c in Category}
+    assert "process_group" in TrainHost.CONTEXT.preserved
+    assert "weights" in InferenceHost.CONTEXT.parameters and "kv_cache" in InferenceHost.CONTEXT.temporary
+
+
+def test_abort_with_tokens_resume_elsewhere_and_shift(cluster, model_path):
+    """A sequence aborted mid-generation on device 0 resumes on device 1 from its tokens; under
+    greedy decoding the result equals an uninterrupted run. Then device 0 shifts rollout -> reward
+    -> rollout, reusing its preserved engine the second time."""
+    import torch
+
+    from pivotrl.engines.cpu_engine import load_hf_model
+
+    d0, d1 = spawn_device(cluster, 0), spawn_device(cluster, 1)
+    try:
+        spec = RoleSpec(Role.ROLLOUT, "policy", model_path, engine=_engine_cfg())
+        sd = {k: v.clone() for k, v in load_hf_model(model_path).state_dict().items()}
+        ups = ray.get([d0.shift_up.remote(spec, sd, 3), d1.shift_up.remote(spec, sd, 3)])
+        assert all(u.cold and u.version == 3 for u in ups)
+
+        # reference: uninterrupted on d1
+        ray.get(d1.submit.remote(_requests([0], 400)))
+        ref, _ = _collect(d1, 1)
+
+        ray.get(d0.submit.remote(_requests([0], 400)))
+        seen: list[int] = []
+        while len(seen) < 3:  # let it make some progress first
+            res = ray.get(d0.poll.remote(0.01))
+            seen.extend(res.progress.get(0, []))
+            assert not res.completions
+        ab = ray.get(d0.abort.remote([0]))
+        assert not ab.finished and 0 in ab.aborted
+        toks = ab.aborted[0]
+        assert toks[:len(seen)] == seen and 3 <= len(toks) < 400
+
+        ray.get(d1.submit.remote(_requests([0], 400, generated={0: toks})))
+        got, _ = _collect(d1, 1)
+        assert got[0].token_ids == ref[0].token_ids
+        assert got[0].reprefill_tokens == 3 + len(toks)
+
+        down = ray.get(d0.shift_down.remote())
+        assert down.direction == "down" and down.aborted == {}
+        info = ray.get(d0.info.remote())
+        assert info["role"] is None and info["dormant"] == ["rollout"]
+        rspec = RoleSpec(Role.REWARD, "genrm", model_path, engine=_engine_cfg())
+        assert ray.get(d0.shift_up.remote(rspec, None, 0)).cold
+        with pytest.raises(ray.exceptions.RayTaskError, match="shift it down first"):
+            ray.get(d0.shift_up.remote(spec, sd, 4))
+        ray.get(d0.shift_down.remote())
+        sd2 = {k: torch.zeros_like(v) if "norm" in k else v for k, v in sd.items()}
+        warm = ray.get(d0.shift_up.remote(spec, sd2, 4))
+        assert not warm.cold and warm.version == 4, "preserved engine reused, weights at the new version"
+    finally:
+        ray.kill(d0)
+        ray.kill(d1)
