@@ -11,8 +11,9 @@ ablations differ only in how inference devices move:
 * `vanilla`: the same planner with a 0/1 throughput model (a replica with any running sequence
   counts 1, an idle one 0) and no migration (paper: "Vanilla", without the throughput model).
 * `static`: only the devices idle training holds (or frees) move, split evenly between rollout and
-  reward: the first half of the home set goes to rollout, the second half to reward. Nothing else
-  ever moves. Its two shift-ups come as `Decision.chosen` (rollout) + `Decision.extra` (reward).
+  reward: idle training first shifts down (a plan with no shift-up), then the free home devices go,
+  first half to rollout and second half to reward, as `Decision.chosen` (rollout) +
+  `Decision.extra` (reward); neither has a shift-down, so they can run at once. Nothing else moves.
 * `rule`: KV utilisation. The inference role whose utilisation is above `rule_up_kv` (the higher
   one if both; a role with work and no replica counts as full) shifts up onto every slot whose
   devices are free, held by idle training, or held by replicas of the other role whose utilisation
@@ -86,33 +87,24 @@ class StaticStrategy:
         tr = view.train
         if tr.running or tr.batch_ready or not tr.home:
             return Decision(view.now, None, t_now, [], None, "static: training busy or about to train")
-        units = device_units(view)
+        if tr.holds_devices:
+            # shift the idle training unit down first; its devices come back free, and the next
+            # decision (the controller replans when devices are freed) splits them without a race
+            plan = ShiftPlan(Role.ROLLOUT, up=[], down=[tr.slot], penalty=0.0)
+            return Decision(view.now, None, t_now, [], plan, "static: idle training shifts down")
         home = list(tr.home)
         half = len(home) // 2
         plans: list[ShiftPlan] = []
         for role, part in ((Role.ROLLOUT, home[:half]), (Role.REWARD, home[half:])):
-            tp = view.tp[role]
             devs = set(part)
-            ups, downs = [], set()
-            for s in role_slots(role, tp, view.num_devices):
-                if not set(s.devices) <= devs:
-                    continue
-                blk = _free_or(view, s, units, lambda u: u.role == Role.TRAIN)
-                if blk is None:
-                    continue
-                ups.append(s)
-                downs |= blk
+            ups = [s for s in role_slots(role, view.tp[role], view.num_devices)
+                   if set(s.devices) <= devs and _free_or(view, s, [None] * view.num_devices, lambda u: False) == set()]
             if ups:
-                plans.append(_plan(role, ups, downs, view, rT))
+                plans.append(ShiftPlan(role, up=ups, down=[], penalty=0.0))
         if not plans:
-            return Decision(view.now, None, t_now, [], None, "static: no idle training devices")
-        # the training unit shifts down once, with the first plan
-        seen: set[Slot] = set()
-        for p in plans:
-            p.down = [s for s in p.down if s not in seen]
-            seen |= set(p.down)
+            return Decision(view.now, None, t_now, [], None, "static: no free training devices to hand out")
         return Decision(view.now, plans[0].role_up, t_now, [], plans[0],
-                        "static: idle training devices split between rollout and reward", extra=plans[1:])
+                        "static: free training devices split between rollout and reward", extra=plans[1:])
 
 
 class RuleStrategy:
