@@ -47,6 +47,8 @@ class ControlEnv:
     """Devices per role for static modes (rr_colocated: ROLLOUT is the shared pool), TRAIN for pivot."""
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     kv_reserve: int = 0
+    kv_capacity: dict[Role, int] = field(default_factory=dict)
+    """The runtime's estimate of one new replica's KV capacity (tokens) per role, for planning."""
 
 
 def role_slots(role: Role, first: int, devices: int, tp: int) -> list[Slot]:
@@ -79,6 +81,8 @@ class Controller:
         self.step = 0
         self.num_shifts = 0
         self.step_shifts = 0
+        self.migrate = env.planner.migration
+        self.kv_capacity: dict[Role, int] = dict(env.kv_capacity)
 
     # ------------------------------------------------------------------ event entry
     def handle(self, ev: Event) -> list[Action]:
@@ -212,6 +216,9 @@ class Controller:
             for d in s.devices:
                 self.owner[d] = plan.role_up
         self.in_flight.append(plan)
+        acts.append(Record("shift", {"now": now, "role_up": plan.role_up.value,
+                                     "up": [x.slot_id for x in plan.up], "down": [x.slot_id for x in plan.down],
+                                     "penalty": plan.penalty}))
         self.num_shifts += len(plan.up) + len(plan.down)
         self.step_shifts += len(plan.up) + len(plan.down)
         acts.append(StartShift(plan))
@@ -230,8 +237,9 @@ class Controller:
             role = ups[0].role
             for s in ups:
                 self.active[role][s.slot_id] = s
+                self.kv_capacity[role] = ev.kv_capacity[s.slot_id]
             moves = self.sched[role].shift_up([(s.slot_id, ev.kv_capacity[s.slot_id]) for s in ups],
-                                              migrate=self.env.planner.migration)
+                                              migrate=self.migrate)
             if moves:
                 acts.append(Dispatch(role, moves))
         for s in plan.up:

@@ -34,6 +34,8 @@ class PivotController(Controller):
             raise ValueError(f"deploy.allocation.train (pivot's training home set) must be in [1, {n}], got {tr}")
         self.home = Slot(Role.TRAIN, n - tr, tr)
         self.strategy = make_strategy(env.planner)
+        # vanilla runs without migration whatever the config says: the strategy knows
+        self.migrate = bool(getattr(self.strategy, "migration", env.planner.migration))
         self.tick_s = env.planner.tick_s
         self.planner_seconds = 0.0
         self.planner_calls = 0
@@ -61,6 +63,7 @@ class PivotController(Controller):
                             batch_ready=self.pipe.train_ready()),
             tau_shift=dict(self.env.tau_shift),
             pending=frozenset(self.pending),
+            kv_capacity=dict(self.kv_capacity),
         )
 
     def plan(self, now: float, trigger: str) -> list[Action]:
@@ -70,12 +73,15 @@ class PivotController(Controller):
         self.planner_seconds += dt
         self.planner_calls += 1
         acts: list[Action] = []
-        if decision.chosen is not None and not decision.chosen.empty:
-            self.decisions += 1
+        plans = [p for p in decision.plans if not p.empty]
+        if plans or decision.candidates:  # no-op ticks with nothing to weigh stay out of the timeline
             rec = decision.to_record()
-            rec.update(trigger=trigger, planner_s=dt)
+            rec.update(trigger=trigger, planner_s=dt, applied=bool(plans))
             acts.append(Record("decision", rec))
-            acts += self.start_shift(decision.chosen, now)
+        if plans:
+            self.decisions += 1
+            for p in plans:  # static's second role comes as an extra plan
+                acts += self.start_shift(p, now)
         return acts
 
     # ------------------------------------------------------------------ hooks

@@ -55,9 +55,8 @@ class RunStats:
         self.shift_device_s += len(devs) * seconds
 
     def count_record(self, act) -> None:
-        if act.kind == "decision":
+        if act.kind == "decision" and act.fields.get("applied"):
             self.decisions += 1
-            self.planner_s += float(act.fields.get("planner_s", 0.0))
 
     def train_start(self, now: float, gpus: int) -> None:
         self.train.append([now, now, float(gpus)])

@@ -77,7 +77,8 @@ class SimSetup:
             prompts_per_step=self.workload.P, group_size=self.workload.G, steps=self.steps,
             staleness=0 if mode == "colocated" else cfg.deploy.staleness,
             allocation=self.allocation, planner=cfg.deploy.planner,
-            kv_reserve=m.sim.kv_reserve_tokens)
+            kv_reserve=m.sim.kv_reserve_tokens,
+            kv_capacity={r: c.kv_capacity for r, c in self.costs.items()})
 
 
 class SimRuntime:

@@ -128,9 +128,12 @@ def resolve_allocation(cfg: PivotConfig, cache_dir: Path | None = None,
     if mode == "colocated":
         return {}, {"source": "all devices serve every role", "devices": n}
     if mode == "pivot":
-        tr = a.train or cfg.models.sim.paper_allocation.pivot_train or max(1, n // 4)
+        paper_tr = cfg.models.sim.paper_allocation.pivot_train
+        if n != cfg.models.devices:  # Table 4 is for the paper's cluster size: keep its share
+            paper_tr = max(1, round(paper_tr * n / cfg.models.devices)) if paper_tr else 0
+        tr = a.train or paper_tr or max(1, n // 4)
         src = "deploy.allocation.train" if a.train else (
-            "paper Table 4" if cfg.models.sim.paper_allocation.pivot_train else "default: a quarter of the devices")
+            "paper Table 4" if paper_tr else "default: a quarter of the devices")
         return {Role.TRAIN: int(tr)}, {"source": src, "train_home": int(tr)}
     if a.given():
         alloc = {Role.ROLLOUT: a.rollout or 0, Role.REWARD: a.reward or 0, Role.TRAIN: a.train or 0}
