@@ -108,7 +108,8 @@ class ShiftAwareScheduler:
         self._T = m.throughput_v(self._n, self._k)
         self._num1 = self._n + 1.0
         # tau(N+1, K+l) = _base1 + A*l
-        self._base1 = m.A * self._k + np.maximum(m.floor_v(self._num1), m.C * self._num1) + m.D
+        # clamped like iter_time, so A*l added on top never divides by zero
+        self._base1 = np.maximum(m.A * self._k + np.maximum(m.floor_v(self._num1), m.C * self._num1) + m.D, 1e-9)
         self._total_T = float(self._T.sum())
 
     def _refresh(self, i: int) -> None:
@@ -121,21 +122,26 @@ class ShiftAwareScheduler:
         self._total_T += t - self._T[i]
         self._T[i] = t
         self._num1[i] = n + 1
-        self._base1[i] = m.A * k + max(m.floor(n + 1), m.C * (n + 1)) + m.D
+        self._base1[i] = max(m.A * k + max(m.floor(n + 1), m.C * (n + 1)) + m.D, 1e-9)
 
     def _best_replica(self, length: int, positions: np.ndarray | None = None) -> int:
-        """Position of the eligible replica with the largest dT for a sequence of `length`, or -1."""
+        """Position of the eligible replica with the largest dT for a sequence of `length`, or -1.
+
+        Hot path (one call per dispatched sequence): four numpy calls over the replica arrays in the
+        common case where the best replica also has room; the capacity mask only when it has not."""
         if not self._ids:
             return -1
-        tau1 = self._base1 + self.model.A * length
-        np.maximum(tau1, 1e-9, out=tau1)
-        gain = self._num1 / tau1
+        need = length + self.kv_reserve
+        gain = self._num1 / (self._base1 + self.model.A * length)
         gain -= self._T
-        gain[self._free < length + self.kv_reserve] = -np.inf
         if positions is not None:
             masked = np.full_like(gain, -np.inf)
             masked[positions] = gain[positions]
             gain = masked
+        i = int(gain.argmax())
+        if self._free[i] >= need and gain[i] > -np.inf:
+            return i
+        np.putmask(gain, self._free < need, -np.inf)
         i = int(gain.argmax())
         return i if gain[i] > -np.inf else -1
 
