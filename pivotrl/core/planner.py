@@ -258,7 +258,7 @@ def dp_candidates(pairs: list[tuple[int, float]], K: int) -> list[tuple[int, flo
 def training_decision(view: ClusterView, replica_T: dict[Role, dict[str, float]], t_now: float) -> Decision | None:
     """Step 1's training branch, shared by every strategy. None when training needs no shift."""
     tr = view.train
-    if not (tr.batch_ready and not tr.running):
+    if not (tr.batch_ready and not tr.running) or not tr.home:
         return None
     if tr.holds_devices:
         return Decision(view.now, Role.TRAIN, t_now, [], None, "training batch ready; training already holds its devices")

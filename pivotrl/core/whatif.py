@@ -16,7 +16,8 @@ Owns two evaluators with one interface, chosen by `PlannerConfig.evaluation`:
     so the post-shift-up throughput is that of the balanced placement (never below the
     no-migration placement, since Alg. 4 only keeps improving moves);
   - after a shift down the aborted sequences are water-filled onto the remaining replicas, whose
-    own sequences stay put; the gain is estimated as the balanced gain of that pool;
+    own sequences stay put: when they fill every replica's free KV the gain is computed per
+    replica (exact for equal lengths), otherwise it is the pool's balanced gain capped by that;
   - admission is pooled: the queue (in priority order) is admitted while the pool's free KV holds
     its lengths plus the reserve (KV fragmentation across replicas is ignored).
   tests/core/test_whatif.py bounds its error against `MigrateWhatIf` on random states.
@@ -163,8 +164,7 @@ class SummaryWhatIf:
         new_T = balanced_throughput(m, k, m1, K1)
         old_T = self.T_sum
         if m2:
-            old_T += max(0.0, balanced_throughput(m, R0, self.N_run + m2, self.K_run + K2)
-                         - balanced_throughput(m, R0, self.N_run, self.K_run))
+            old_T += self._fill_gain(np.ones(R0, dtype=bool), m2, K2 / m2, self.N_run, self.K_run)
         no_mig = old_T + new_T
         if not migrate or m1 + m2 < self.N_q:
             return no_mig  # Alg. 4 migrates only once the queue is empty
@@ -186,14 +186,33 @@ class SummaryWhatIf:
             return 0.0 if R <= 0 else (self.busy_sum - float(self.busy[sel].sum()) if self.zero_one
                                        else self.T_sum - float(self.T[sel].sum()))
         lbar = (K_S + float(self.q_len.sum())) / M
-        adm = min(M, float(np.floor(free_rest / (lbar + self.reserve))) if lbar + self.reserve > 0 else M)
+        keep = np.ones(len(self.ids), dtype=bool)
+        keep[sel] = False
         if self.zero_one:
+            room = np.floor(self.free[keep] / max(lbar + self.reserve, 1e-9))
+            adm = min(M, float(room.sum()))
             busy_rest = self.busy_sum - float(self.busy[sel].sum())
-            return busy_rest + min(R - busy_rest, adm)
+            idle_with_room = float(np.count_nonzero((self.busy[keep] == 0) & (room > 0)))
+            return busy_rest + min(idle_with_room, adm)
         T_rest = self.T_sum - float(self.T[sel].sum())
-        gain = (balanced_throughput(self.model, R, N_rest + adm, K_rest + adm * lbar)
-                - balanced_throughput(self.model, R, N_rest, K_rest))
-        return T_rest + max(0.0, gain)
+        return T_rest + self._fill_gain(keep, M, lbar, N_rest, K_rest)
+
+    def _fill_gain(self, keep: np.ndarray, M: float, lbar: float, N_rest: float, K_rest: float) -> float:
+        """Throughput gained by dispatching M sequences of length `lbar` onto the replicas `keep`.
+        Each replica holds at most floor(free / (lbar + reserve)) more. When the stream fills them
+        all, the gain is exact per replica; otherwise it is the pool's balanced gain, which never
+        exceeds the fill-everything gain."""
+        n, k, free = self.n[keep], self.k[keep], self.free[keep]
+        R = len(n)
+        if R == 0 or M <= 0:
+            return 0.0
+        room = np.floor(free / max(lbar + self.reserve, 1e-9))
+        full = float((self.model.throughput_v(n + room, k + room * lbar) - self.T[keep]).sum())
+        if M >= room.sum():
+            return max(0.0, full)
+        bal = (balanced_throughput(self.model, R, N_rest + M, K_rest + M * lbar)
+               - balanced_throughput(self.model, R, N_rest, K_rest))
+        return max(0.0, min(bal, full))
 
 
 EVALUATORS: dict[str, type] = {"migrate": MigrateWhatIf, "summary": SummaryWhatIf}
