@@ -57,8 +57,9 @@ class SimConfig:
     sweep_units: int = 8
     """Baseline sweep granularity: the cluster is cut into this many equal units (each a multiple of
     the largest replica size), and every split into whole units is tried."""
-    sweep_steps: int = 3
-    """RL steps per sweep run (the first is warm-up)."""
+    sweep_steps: int | None = None
+    """RL steps per sweep run (warm-up included); null = `train.steps`. Keep it >= staleness + 3:
+    shorter runs measure only batches generated during the warm-up and favour tiny inference pools."""
     max_sim_time_s: float = 1e6
     """Simulated-seconds safety cap: a run that would exceed it fails with an error (a stuck mode)."""
     paper_allocation: PaperAllocation = field(default_factory=PaperAllocation)
@@ -73,5 +74,5 @@ class SimConfig:
             raise ValueError(f"models.sim.mem_util must be in (0, 1], got {self.mem_util}")
         if isinstance(self.sweep_units, int) and self.sweep_units < 2:
             raise ValueError(f"models.sim.sweep_units must be >= 2, got {self.sweep_units}")
-        if isinstance(self.sweep_steps, int) and self.sweep_steps < 2:
+        if self.sweep_steps is not None and isinstance(self.sweep_steps, int) and self.sweep_steps < 2:
             raise ValueError(f"models.sim.sweep_steps must be >= 2 (one warm-up + one measured), got {self.sweep_steps}")

@@ -57,6 +57,7 @@ class SimReplica:
         self.high_s = 0.0
         self.tokens = 0.0
         self.epoch = 0  # bumped whenever the next-finish time may change
+        self._c_n, self._c_val = -1, 0.0
 
     # -- closed forms ------------------------------------------------------------------------
     @property
@@ -64,8 +65,12 @@ class SimReplica:
         return len(self.runs)
 
     def _c(self) -> float:
-        m, n = self.model, self.n
-        return max(m.floor(n), m.C * n) + m.D
+        """`max(B(N), C*N) + D`, cached per N (it changes only when N does)."""
+        n = len(self.runs)
+        if n != self._c_n:
+            m = self.model
+            self._c_n, self._c_val = n, max(m.floor(n), m.C * n) + m.D
+        return self._c_val
 
     def time_for(self, j: float) -> float:
         """Seconds for j (real) iterations from the current state."""

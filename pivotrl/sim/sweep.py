@@ -22,7 +22,7 @@ from typing import Any
 from pivotrl.config import PivotConfig
 from pivotrl.core.types import Role
 
-CACHE_VERSION = "sim-sweep-v1"  # bump when the simulator's behaviour changes
+CACHE_VERSION = "sim-sweep-v2"  # bump when the simulator's behaviour changes
 
 
 def default_cache_dir() -> Path:
@@ -99,7 +99,7 @@ def sweep(cfg: PivotConfig, cache_dir: Path | None = None, progress: bool = Fals
     path = cache_dir / f"{_mode(cfg)}_{cfg.models.name}_{config_hash(cfg)}.json"
     cached: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
     cands = candidates(cfg)
-    steps = cfg.models.sim.sweep_steps
+    steps = cfg.models.sim.sweep_steps or cfg.train.steps
     short = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, warmup_steps=1))
     it = cands
     if progress:

@@ -58,6 +58,12 @@ def _interp(curve: list[list[float]], step: float) -> float:
     return pts[-1][1]
 
 
+# Lengths of one prompt, shared by every Workload with the same distribution, seed and group size
+# (an allocation sweep runs the same samples dozens of times). Bounded: cleared when it grows big.
+_SHARED: dict[tuple, list[SampleLengths]] = {}
+_SHARED_MAX = 200_000
+
+
 class Workload:
     """Deterministic lengths for batches of `prompts_per_step` prompts x `group_size` responses."""
 
@@ -74,6 +80,7 @@ class Workload:
         self.G = int(group_size)
         self.step_offset = int(step_offset)
         self._cache: dict[int, list[list[SampleLengths]]] = {}
+        self._key = (repr(wl), self.seed, self.G, self.step_offset)
 
     # -- ids -------------------------------------------------------------------------------
     @property
@@ -126,7 +133,16 @@ class Workload:
         if batch < 0:
             raise ValueError(f"batch must be >= 0, got {batch}")
         if batch not in self._cache:
-            self._cache[batch] = [self._prompt_lengths(batch, p) for p in range(self.P)]
+            rows = []
+            for p in range(self.P):
+                key = (self._key, batch, p)
+                row = _SHARED.get(key)
+                if row is None:
+                    if len(_SHARED) >= _SHARED_MAX:
+                        _SHARED.clear()
+                    row = _SHARED[key] = self._prompt_lengths(batch, p)
+                rows.append(row)
+            self._cache[batch] = rows
             # keep memory flat on long runs: batches more than a few behind are never asked again
             for old in [b for b in self._cache if b < batch - 8]:
                 del self._cache[old]
