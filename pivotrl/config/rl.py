@@ -155,12 +155,16 @@ class BootstrapConfig:
     """GenRM dimensions."""
     seed: int = 0
     """Seed of model init, SFT data and batching."""
-    policy_steps: int = 300
+    policy_steps: int = 250
     """SFT optimizer steps for the policy (small on purpose: the policy should be partly right)."""
     policy_label_noise: float = 0.5
     """Fraction of policy SFT answers replaced by a near miss, so sampling is partly right."""
-    genrm_steps: int = 600
+    genrm_steps: int = 300
     """SFT optimizer steps for the GenRM."""
+    genrm_init_from_policy: bool = True
+    """Start the GenRM from the SFT policy's weights (it already reads the problems and knows some
+    arithmetic), as reward models are usually initialised from the SFT model. Needs `genrm` and
+    `policy` to have the same dimensions; otherwise the GenRM starts from random weights."""
     genrm_wrong_fraction: float = 0.5
     """Fraction of GenRM SFT examples whose response is wrong (teaches 'score: 0')."""
     batch_size: int = 64
@@ -173,8 +177,9 @@ class BootstrapConfig:
     """AdamW weight decay."""
     eval_size: int = 200
     """Held-out prompts for the reported accuracy and GenRM agreement."""
-    num_threads: int = 2
-    """torch threads during bootstrap (the machine is shared; keep it small)."""
+    num_threads: int = 1
+    """torch threads during bootstrap. 1 by default: on a shared 2-core machine two threads ran
+    up to 20x slower per step than one (spin-waiting intra-op threads under contention)."""
 
     def __post_init__(self) -> None:
         for name in ("policy_steps", "genrm_steps", "batch_size", "eval_size", "num_threads"):

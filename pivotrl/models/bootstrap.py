@@ -222,6 +222,9 @@ def _build(cfg: BootstrapConfig, out: Path, progress: bool) -> dict:
         t = time.perf_counter()
         torch.manual_seed(cfg.seed + (role == "genrm"))
         model = Qwen2ForCausalLM(qwen2_config(arch))
+        if role == "genrm" and cfg.genrm_init_from_policy and arch == cfg.policy:
+            model.load_state_dict(models["policy"].state_dict())
+            report["genrm_init"] = "policy"
         # SFT examples come from their own stream, disjoint in seed from the train/val parquet.
         losses = sft(model, tok, make, steps, cfg, random.Random(f"sft-{role}:{cfg.seed}"),
                      f"bootstrap {role}", progress)
@@ -244,6 +247,18 @@ def _build(cfg: BootstrapConfig, out: Path, progress: bool) -> dict:
     return report
 
 
+def _remove_stale_tmp(folder: Path) -> None:
+    """Delete tmp folders left by bootstraps that were killed (their pid is gone)."""
+    for tmp in folder.glob(".*.tmp-*"):
+        try:
+            pid = int(tmp.name.rsplit(".tmp-", 1)[1].split("-", 1)[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except (ValueError, IndexError, PermissionError):
+            continue
+
+
 def bootstrap(cfg: BootstrapConfig | None = None, cache_dir: str | Path | None = None, force: bool = False,
               progress: bool = True) -> BootstrapResult:
     """Return the cached bootstrap for `cfg`, building it first if absent (or if `force`)."""
@@ -253,7 +268,8 @@ def bootstrap(cfg: BootstrapConfig | None = None, cache_dir: str | Path | None =
     cached = (entry / "report.json").is_file() and not force
     if not cached:
         entry.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=entry.parent))
+        _remove_stale_tmp(entry.parent)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-{os.getpid()}-", dir=entry.parent))
         try:
             _build(cfg, tmp, progress)
             if entry.exists():

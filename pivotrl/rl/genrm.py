@@ -172,6 +172,10 @@ def parse_score(text: str, parser: str = "score_line", stats: ParseStats | None 
         parsed = get_score_parser(parser)(text)
     (stats if stats is not None else PARSE_STATS).record(parsed)
     if not parsed.ok:
-        log.warning("GenRM score parse failure (%s, parser=%s): %r", parsed.reason, parser,
-                    text[-200:] if isinstance(text, str) else text)
+        # The first few failures at WARNING, then every 100th, so a broken judge is visible without
+        # flooding the log with one line per sample.
+        n = (stats if stats is not None else PARSE_STATS).failures
+        log.log(logging.WARNING if n <= 5 or n % 100 == 0 else logging.DEBUG,
+                "GenRM score parse failure #%d (%s, parser=%s): %r", n, parsed.reason, parser,
+                text[-200:] if isinstance(text, str) else text)
     return parsed
