@@ -1,0 +1,61 @@
+"""`RuntimeConfig`: settings of the real runtimes (`cluster=local`, `cluster=ray`) beyond the groups.
+
+Owns only the dataclass and its checks. The engine, trainer, reward and bootstrap settings are the
+other engineers' dataclasses, nested here with defaults that suit the tiny task on a CPU machine.
+`PivotConfig` does not carry a `runtime` field yet; `run_local` uses `getattr(cfg, "runtime",
+RuntimeConfig())`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pivotrl.config.engine import EngineConfig
+from pivotrl.config.rl import BootstrapConfig, RewardConfig
+
+
+def _engine() -> EngineConfig:
+    return EngineConfig(name="cpu", num_threads=1, max_num_seqs=64, kv_capacity_tokens=16384)
+
+
+@dataclass
+class RuntimeConfig:
+    """Real-runtime settings (local/ray)."""
+
+    engine: EngineConfig = field(default_factory=_engine)
+    """Every inference replica's engine (rollout and reward); `name=cpu` on `local`."""
+    lr: float = 1e-4
+    """Policy learning rate of the GRPO trainer (AdamW, constant)."""
+    micro_batch_size: int = 32
+    """Trainer micro-batch (sequences per forward/backward on one rank)."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """R = w_v * R_verifiable + w_g * R_genrm and the GenRM output parser."""
+    bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
+    """SFT bootstrap of the tiny models (cached; `models=tiny` with `hf_path: null`)."""
+    rollout_temperature: float = 1.0
+    """Sampling temperature of policy rollouts (GRPO needs diverse groups)."""
+    max_response_tokens: int | None = None
+    """Policy response cap; None = `bootstrap.data.max_response_length`."""
+    val_size: int = 100
+    """Held-out prompts for `val_accuracy_before/after` (greedy)."""
+    poll_s: float = 0.05
+    """Longest a device poll waits for a completion before returning its progress."""
+    fit_every_s: float = 5.0
+    """Refit each role's throughput model from engine samples this often (seconds)."""
+    tau_shift_prior_s: float = 1.0
+    """`tau_shift` before any shift was measured (seconds, up + down)."""
+    max_wall_s: float = 3600.0
+    """Abort the run with an error if it takes longer than this (a stalled run must not hang)."""
+    cache_dir: str | None = None
+    """Bootstrap cache folder; None = `$PIVOTRL_CACHE` or `~/.cache/pivotrl`."""
+
+    def __post_init__(self) -> None:
+        for name in ("lr", "poll_s", "fit_every_s", "max_wall_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"runtime.{name} must be > 0, got {getattr(self, name)}")
+        if self.tau_shift_prior_s < 0:
+            raise ValueError(f"runtime.tau_shift_prior_s must be >= 0, got {self.tau_shift_prior_s}")
+        if self.val_size < 1 or self.micro_batch_size < 1:
+            raise ValueError(f"runtime.val_size and runtime.micro_batch_size must be >= 1, got "
+                             f"{self.val_size}, {self.micro_batch_size}")
+        if self.rollout_temperature < 0:
+            raise ValueError(f"runtime.rollout_temperature must be >= 0, got {self.rollout_temperature}")

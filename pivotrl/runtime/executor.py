@@ -1,0 +1,303 @@
+"""Carry out the control plane's decisions on device actors: scheduler moves, shift plans, weights.
+
+Owns:
+- `ParamSource`: where shifted-up replicas read parameters from: the GPS
+  (`pivotrl.gps.GlobalParameterStore`, policy at its current version, GenRM frozen). The driver
+  reads a full-replica layout and ships it to the device through Ray's object store (one `put` per
+  version, shared by every device that reads it).
+- `Executor.execute_moves(role, moves)`: a scheduler's `Move`s, in order: `abort` = the engine's
+  abort, which returns each sequence's tokens (kept by the runtime, so it resumes from them);
+  `assign` = submit a fresh request, or a resume carrying the tokens generated so far.
+- `Executor.run_shift(plan)`: shift down every replica in `plan.down` (or the training unit), then
+  shift up every slot in `plan.up`, each half run on all its devices at once and timed. The
+  measured durations feed `tau_shift` (an exponential average per role) that the planner reads.
+- Device death: any call that finds a device actor dead respawns it on the same bundle (it comes
+  back holding no role) and reports it, so the runtime can put that device's sequences back in
+  the queue with their last reported tokens. A dead device during a shift is shifted up again on
+  its fresh actor (a shift down of a dead device is trivially complete).
+
+Knows nothing about the deployment modes: it executes what the controller decided.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from pivotrl.core.scheduler import Move
+from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
+from pivotrl.runtime.device import spawn_device
+from pivotrl.runtime.roles import RoleSpec, ShiftTiming
+
+log = logging.getLogger(__name__)
+
+#: Weight of a new measurement in the `tau_shift` average (recent shifts matter most).
+TAU_EMA = 0.5
+
+
+def _dead(exc: BaseException) -> bool:
+    import ray
+
+    return isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError))
+
+
+class ParamSource:
+    """Versioned parameters for shift up, backed by the GPS (one driver-side store)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self._refs: dict[tuple[str, int], Any] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def create(cls, num_nodes: int = 1) -> "ParamSource":
+        from pivotrl.config.gps import GPSConfig
+        from pivotrl.gps.store import GlobalParameterStore
+
+        return cls(GlobalParameterStore(GPSConfig(), num_nodes=num_nodes))
+
+    def register_hf(self, model: str, path: str, frozen: bool) -> int:
+        """Register `model` from a Hugging Face folder as version 0 (GPS's own importer)."""
+        from pivotrl.gps.hf_io import import_hf
+
+        return int(import_hf(self.store, model, path, frozen=frozen))
+
+    def publish(self, model: str, state_dict: Mapping[str, Any]) -> int:
+        """Write a new version of `model` (atomic for readers); returns it. Names GPS does not
+        store are dropped: a tied `lm_head.weight` is the embedding, which GPS already holds."""
+        spec = self.store.spec(model)
+        return int(self.store.load_state_dict(model, {k: v for k, v in state_dict.items() if k in spec}))
+
+    def version(self, model: str) -> int:
+        return int(self.store.current_version(model))
+
+    def read(self, model: str) -> tuple[Any, int]:
+        """(Ray object ref of the full state dict, version): one consistent GPS version."""
+        import ray
+
+        from pivotrl.gps.layout import Layout
+        from pivotrl.gps.planner import Device
+
+        with self._lock:
+            v = self.version(model)
+            ref = self._refs.get((model, v))
+            if ref is None:
+                dev = Device(0, 0)
+                res = self.store.read(model, [dev], Layout(), version=v)
+                ref = ray.put({k: t.clone() for k, t in res.shards[dev].items()})
+                res.release()
+                # keep only the newest version of each model pinned in the object store
+                self._refs = {k: r for k, r in self._refs.items() if k[0] != model}
+                self._refs[(model, v)] = ref
+            return ref, v
+
+    def close(self) -> None:
+        self._refs.clear()
+        self.store.close()
+
+
+@dataclass
+class MoveResult:
+    """What executing one batch of moves found out."""
+
+    aborted: dict[int, list[int]] = field(default_factory=dict)
+    """seq_id -> every token generated so far (the engine's count)."""
+    finished: list[tuple[int, Any]] = field(default_factory=list)
+    """(device, Completion) of sequences that finished before their abort reached the engine."""
+    dead: set[int] = field(default_factory=set)
+    """Devices found dead (already respawned, holding no role)."""
+
+
+@dataclass
+class ShiftResult:
+    plan: ShiftPlan
+    seconds: tuple[float, float] = (0.0, 0.0)
+    kv_capacity: dict[str, int] = field(default_factory=dict)
+    timings: list[dict[str, Any]] = field(default_factory=list)
+    dead: set[int] = field(default_factory=set)
+    error: BaseException | None = None
+
+
+class Executor:
+    """Executes moves and shift plans on the device actors of one cluster."""
+
+    def __init__(self, cluster: Any, specs: Callable[[Slot, int], RoleSpec], params: ParamSource,
+                 model_of: dict[Role, str], tau_shift: dict[Role, float]) -> None:
+        self.cluster = cluster
+        self.specs = specs
+        self.params = params
+        self.model_of = model_of
+        self.tau_shift = tau_shift  # shared with the controller's env: updated in place
+        self.actors: dict[int, Any] = {d: spawn_device(cluster, d) for d in range(cluster.spec.num_devices)}
+        self.role_of: dict[int, Role | None] = {d: None for d in self.actors}
+        self.shift_log: list[dict[str, Any]] = []
+        self.deaths: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ devices
+    def wait_ready(self) -> list[dict[str, Any]]:
+        import ray
+
+        return ray.get([a.info.remote() for a in self.actors.values()])
+
+    def respawn(self, device: int, why: str) -> None:
+        """Replace a dead actor by a fresh one on the same bundle (holding no role)."""
+        import ray
+
+        with self._lock:
+            old = self.actors[device]
+            try:
+                ray.kill(old)
+            except Exception:
+                pass
+            self.actors[device] = spawn_device(self.cluster, device)
+            self.role_of[device] = None
+            self.deaths.append({"device": device, "why": why, "time": time.time()})
+        log.warning("device %d died (%s); respawned with no role", device, why)
+
+    @staticmethod
+    def device_of(replica_id: str) -> int:
+        """Replica ids are `Slot.slot_id` (`rollout@3x1`): the engine lives on the first device."""
+        try:
+            return int(replica_id.split("@", 1)[1].split("x", 1)[0])
+        except (IndexError, ValueError):
+            raise ValueError(f"replica id {replica_id!r} is not a slot id like 'rollout@0x1'") from None
+
+    # ------------------------------------------------------------------ moves
+    def execute_moves(self, role: Role, moves: list[Move], request_for: Callable[[Role, int], Any]) -> MoveResult:
+        """Aborts (batched per replica, in parallel), then assigns (batched per replica)."""
+        import ray
+
+        res = MoveResult()
+        aborts: dict[int, list[int]] = {}
+        assigns: dict[int, list[int]] = {}
+        for mv in moves:
+            d = self.device_of(mv.replica_id)
+            (aborts if mv.kind == "abort" else assigns).setdefault(d, []).append(mv.seq_id)
+        refs = {d: self.actors[d].abort.remote(ids) for d, ids in aborts.items()}
+        for d, ref in refs.items():
+            try:
+                out = ray.get(ref)
+            except Exception as e:
+                if not _dead(e):
+                    raise
+                self.respawn(d, f"abort: {type(e).__name__}")
+                res.dead.add(d)
+                continue
+            res.aborted.update(out.aborted)
+            res.finished.extend((d, c) for c in out.finished)
+        done = {c.seq_id for _, c in res.finished}
+        subs = {}
+        for d, ids in assigns.items():
+            reqs = [request_for(role, sid) for sid in ids if sid not in done]
+            if reqs and d not in res.dead:
+                subs[d] = self.actors[d].submit.remote(reqs)
+        for d, ref in subs.items():
+            try:
+                ray.get(ref)
+            except Exception as e:
+                if not _dead(e):
+                    raise
+                self.respawn(d, f"submit: {type(e).__name__}")
+                res.dead.add(d)
+        return res
+
+    # ------------------------------------------------------------------ shifts
+    def _params_for(self, slot: Slot) -> tuple[Any, int]:
+        if slot.role == Role.TRAIN:
+            return None, 0
+        return self.params.read(self.model_of[slot.role])
+
+    def _call_all(self, calls: dict[int, Callable[[], Any]], what: str, res: ShiftResult,
+                  retry: Callable[[int], Any] | None) -> dict[int, Any]:
+        """Run one remote call per device at once; respawn dead ones (and retry with `retry`)."""
+        import ray
+
+        refs = {d: f() for d, f in calls.items()}
+        out: dict[int, Any] = {}
+        for d, ref in refs.items():
+            try:
+                out[d] = ray.get(ref)
+            except Exception as e:
+                if not _dead(e):
+                    raise
+                self.respawn(d, f"{what}: {type(e).__name__}")
+                res.dead.add(d)
+                if retry is not None:
+                    out[d] = ray.get(retry(d))
+        return out
+
+    def run_shift(self, plan: ShiftPlan) -> ShiftResult:
+        """Shift down `plan.down`, then shift up `plan.up`; both halves timed (blocking)."""
+        res = ShiftResult(plan)
+        try:
+            t0 = time.perf_counter()
+            downs = {d: self.actors[d].shift_down.remote for s in plan.down for d in s.devices}
+            timings = self._call_all({d: f for d, f in downs.items()}, "shift_down", res, retry=None)
+            t1 = time.perf_counter()
+            for d in downs:
+                self.role_of[d] = None
+            ups: dict[int, Callable[[], Any]] = {}
+            for s in plan.up:
+                ref, version = self._params_for(s)
+                for i, d in enumerate(s.devices):
+                    spec = self.specs(s, i)
+                    ups[d] = (lambda d=d, spec=spec, ref=ref, version=version:
+                              self.actors[d].shift_up.remote(spec, ref, version))
+            up_t = self._call_all(ups, "shift_up", res, retry=lambda d: ups[d]())
+            t2 = time.perf_counter()
+            for s in plan.up:
+                for d in s.devices:
+                    self.role_of[d] = s.role
+                if s.role in INFERENCE_ROLES:
+                    res.kv_capacity[s.slot_id] = int(self.specs(s, 0).engine.kv_capacity_tokens)
+            res.seconds = (t1 - t0, t2 - t1)
+            for d, t in list(timings.items()) + list(up_t.items()):
+                if isinstance(t, ShiftTiming):
+                    res.timings.append({"device": d, "role": t.role, "direction": t.direction,
+                                        "seconds": t.seconds, "cold": t.cold, "version": t.version,
+                                        **{k: v for k, v in t.detail.items()}})
+            self._learn_tau(plan, res)
+        except BaseException as e:  # reported to the main loop, which re-raises it there
+            res.error = e
+        return res
+
+    def _learn_tau(self, plan: ShiftPlan, res: ShiftResult) -> None:
+        """Fold the measured warm shift halves into `tau_shift[role]` (up of the role + down)."""
+        warm_up = {t["role"]: t["seconds"] for t in res.timings if t["direction"] == "up" and not t["cold"]}
+        down = {t["role"]: t["seconds"] for t in res.timings if t["direction"] == "down" and t["role"] != "none"}
+        for role in (Role.ROLLOUT, Role.REWARD, Role.TRAIN):
+            if role.value in warm_up or role.value in down:
+                measured = warm_up.get(role.value, 0.0) + down.get(role.value, 0.0)
+                old = self.tau_shift.get(role)
+                self.tau_shift[role] = measured if old is None else (1 - TAU_EMA) * old + TAU_EMA * measured
+        self.shift_log.append({"role_up": plan.role_up.value, "down_s": res.seconds[0], "up_s": res.seconds[1],
+                               "timings": res.timings})
+
+    # ------------------------------------------------------------------ weights
+    def publish_to_rollout(self, ref: Any, version: int) -> list[Any]:
+        """Load policy `version` into every active rollout replica (async refs; errors are ignored
+        for dead devices, whose replacement reads the new version from GPS on shift up)."""
+        return [self.actors[d].load_weights.remote(ref, version)
+                for d, r in self.role_of.items() if r == Role.ROLLOUT]
+
+    # ------------------------------------------------------------------ training (collective)
+    def train_call(self, devices: tuple[int, ...], method: str, *args: Any) -> list[Any]:
+        import ray
+
+        return ray.get([getattr(self.actors[d], method).remote(*args) for d in devices])
+
+    def close(self) -> None:
+        import ray
+
+        for a in self.actors.values():
+            try:
+                ray.get(a.close.remote(), timeout=10)
+            except Exception:
+                pass
+            try:
+                ray.kill(a)
+            except Exception:
+                pass
