@@ -29,9 +29,12 @@ Conventions the controllers rely on (contract with pivotrl/deploy):
 from __future__ import annotations
 
 import math
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from pivotrl.config.planner import PlannerConfig
 from pivotrl.core.scheduler import ShiftAwareScheduler
@@ -221,37 +224,43 @@ def dp_candidates(pairs: list[tuple[int, float]], K: int) -> list[tuple[int, flo
     """Algorithm 1 (paper App. D). `pairs[i] = (r_i, phi_i)`: taking the first `e >= 1` slots of
     pair i costs `phi_i` once. Returns, for every reachable `k` in 1..K, `(k, D[k], choice)` with
     `choice = ((i, e), ...)` in pair order and `D[k]` the minimum total penalty for exactly `k`
-    slots. Ties keep the later candidate in traversal order (App. D.2). O(K * sum r_i)."""
+    slots. Ties keep the later candidate in traversal order (App. D.2). O(K * sum r_i).
+
+    Vectorised over the target count: for pair i, the transition into state t from (j = t-e, e)
+    keeps, among all that reach the new minimum, the one traversed last (largest j, so smallest e),
+    and it replaces the skip state on a tie (`d <= D_hat`), exactly as the paper's loop does. The
+    chosen e per (pair, state) is kept in a table and every candidate is read back at once."""
     if K < 0:
         raise ValueError(f"dp_candidates: K must be >= 0, got {K}")
-    INF = math.inf
-    D = [0.0] + [INF] * K
-    # C[j] is a persistent linked list (i, e, parent) so a transition is O(1)
-    C: list[tuple | None] = [None] * (K + 1)
-    for i, (r, phi) in enumerate(pairs):
-        if r <= 0:
-            continue
-        Dh, Ch = D[:], C[:]
-        for j in range(K):
-            dj = D[j]
-            if dj == INF:
-                continue
-            d = dj + phi
-            cj = C[j]
-            for e in range(1, min(r, K - j) + 1):
-                if d <= Dh[j + e]:
-                    Dh[j + e] = d
-                    Ch[j + e] = (i, e, cj)
-        D, C = Dh, Ch
-    out = []
-    for k in range(1, K + 1):
-        if D[k] < INF:
-            choice, node = [], C[k]
-            while node is not None:
-                choice.append((node[0], node[1]))
-                node = node[2]
-            out.append((k, D[k], tuple(reversed(choice))))
-    return out
+    if K == 0:
+        return []
+    INF = np.inf
+    D = np.full(K + 1, INF)
+    D[0] = 0.0
+    used = [(i, int(r), float(phi)) for i, (r, phi) in enumerate(pairs) if r > 0]
+    choice = np.zeros((len(used), K + 1), dtype=np.int32)
+    for layer, (_, r, phi) in enumerate(used):
+        best = D.copy()
+        rr = min(r, K)
+        for e in range(1, rr + 1):  # the new minimum over skip and every e
+            np.minimum(best[e:], D[:K + 1 - e] + phi, out=best[e:])
+        ch = choice[layer]
+        for e in range(rr, 0, -1):  # smallest e reaching the minimum wins (traversed last)
+            hit = (D[:K + 1 - e] + phi == best[e:]) & np.isfinite(best[e:])
+            ch[e:][hit] = e
+        D = best
+    ks = np.flatnonzero(np.isfinite(D[1:])) + 1
+    state = ks.copy()
+    taken = np.zeros((len(used), len(ks)), dtype=np.int32)
+    for layer in range(len(used) - 1, -1, -1):
+        e = choice[layer][state]
+        taken[layer] = e
+        state -= e
+    cand, layer_of = np.nonzero(taken.T)  # sorted by candidate, then by pair order
+    pair_of = np.array([u[0] for u in used], dtype=np.int64)[layer_of].tolist() if len(used) else []
+    steps = list(zip(pair_of, taken.T[cand, layer_of].tolist()))
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(cand, minlength=len(ks)))]).tolist()
+    return [(k, float(D[k]), tuple(steps[bounds[c]:bounds[c + 1]])) for c, k in enumerate(ks.tolist())]
 
 
 # ---------------------------------------------------------------------- the planner
@@ -294,21 +303,37 @@ class PivotPlanner:
             self._seen_capacity[role] = max(caps)
         return self._seen_capacity.get(role, _UNKNOWN_CAPACITY)
 
+    def role_throughput(self, s: ShiftAwareScheduler) -> float:
+        if self.zero_one:
+            return float(sum(1 for r in s.replicas.values() if r.n > 0))
+        return s.throughput()
+
+    def replica_throughputs(self, view: ClusterView, role: Role) -> dict[str, float]:
+        """T_i of every active replica of `role` by slot id (0/1 under the vanilla model)."""
+        s = view.schedulers[role]
+        out = {}
+        for slot in view.active.get(role, []):
+            rep = s.replicas.get(slot.slot_id)
+            if rep is None:
+                out[slot.slot_id] = 0.0
+            else:
+                out[slot.slot_id] = float(rep.n > 0) if self.zero_one else s.replica_throughput(slot.slot_id)
+        return out
+
     def decide(self, view: ClusterView) -> Decision:
         view.validate()
         tm: dict[str, float] = {}
         t0 = time.perf_counter()
-        wi: dict[Role, WhatIf] = {r: self.evaluator(view.schedulers[r], zero_one=self.zero_one) for r in INFERENCE_ROLES}
-        N = {r: float(view.schedulers[r].num_sequences()) for r in INFERENCE_ROLES}
-        T = {r: wi[r].now() for r in INFERENCE_ROLES}
+        sch = view.schedulers
+        N = {r: float(sch[r].num_sequences()) for r in INFERENCE_ROLES}
+        T = {r: self.role_throughput(sch[r]) for r in INFERENCE_ROLES}
         t_now = eq1_throughput(N[Role.ROLLOUT], T[Role.ROLLOUT], N[Role.REWARD], T[Role.REWARD])
-        replica_T = {r: {s.slot_id: wi[r].replica_throughput(s.slot_id) for s in view.active.get(r, [])}
-                     for r in INFERENCE_ROLES}
         # step 1: shift-up role
-        train = training_decision(view, replica_T, t_now)
-        if train is not None:
-            train.timings = {"role": time.perf_counter() - t0}
-            return train
+        if view.train.batch_ready and not view.train.running:
+            train = training_decision(view, {r: self.replica_throughputs(view, r) for r in INFERENCE_ROLES}, t_now)
+            if train is not None:
+                train.timings = {"role": time.perf_counter() - t0}
+                return train
         demand = {r: role_demand(N[r], T[r]) for r in INFERENCE_ROLES}
         up = max(INFERENCE_ROLES, key=lambda r: (demand[r], N[r]))
         tm["role"] = time.perf_counter() - t0
@@ -317,7 +342,7 @@ class PivotPlanner:
         other = Role.REWARD if up == Role.ROLLOUT else Role.ROLLOUT
         # step 2: shift pairs
         t1 = time.perf_counter()
-        pairs = shift_pairs(view, up, replica_T[other])
+        pairs = shift_pairs(view, up, self.replica_throughputs(view, other))
         tm["pairs"] = time.perf_counter() - t1
         K = sum(len(p.up) for p in pairs)
         # step 3: candidates by DP
@@ -326,23 +351,27 @@ class PivotPlanner:
         tm["dp"] = time.perf_counter() - t2
         # step 4: evaluate
         t3 = time.perf_counter()
+        wi: dict[Role, WhatIf] = {r: self.evaluator(sch[r], zero_one=self.zero_one) for r in INFERENCE_ROLES}
         cap = self.capacity(view, up)
         self.capacity(view, other)
         out: list[Candidate] = []
+        lost_ids = [[s.slot_id for s in p.down if s.role == other] for p in pairs]
+        first = operator.attrgetter("first_device")  # units never share a first device
+        H = self.cfg.horizon_s
         for k, phi, choice in cands:
             ups: list[Slot] = []
             downs: list[Slot] = []
+            lost: list[str] = []
             for i, e in choice:
                 ups += pairs[i].up[:e]
                 downs += pairs[i].down
+                lost += lost_ids[i]
             t_up = wi[up].after_shift_up(k, cap, self.migration)
-            lost = [s.slot_id for s in downs if s.role == other]
             t_other = wi[other].after_shift_down(lost) if lost else T[other]
             Tr = {up: t_up, other: t_other}
             t_c = eq1_throughput(N[Role.ROLLOUT], Tr[Role.ROLLOUT], N[Role.REWARD], Tr[Role.REWARD])
-            benefit = self.cfg.horizon_s * (t_c - t_now) - phi
-            plan = ShiftPlan(up, up=ups, down=sorted(downs, key=lambda s: (s.first_device, s.role.value)), penalty=phi)
-            out.append(Candidate(plan, t_c, benefit, k, {r.value: v for r, v in Tr.items()}))
+            plan = ShiftPlan(up, up=ups, down=sorted(downs, key=first), penalty=phi)
+            out.append(Candidate(plan, t_c, H * (t_c - t_now) - phi, k, {up.value: t_up, other.value: t_other}))
         tm["evaluate"] = time.perf_counter() - t3
         # step 5: select
         t4 = time.perf_counter()

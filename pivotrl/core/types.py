@@ -7,6 +7,7 @@ Owns: roles, sequences, device slots and shift plans. Knows nothing about how an
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 
 
@@ -64,8 +65,9 @@ class Slot:
     def devices(self) -> tuple[int, ...]:
         return tuple(range(self.first_device, self.first_device + self.tp))
 
-    @property
+    @functools.cached_property
     def slot_id(self) -> str:
+        # cached: the planner reads it for every candidate (not a field, so eq/hash ignore it)
         return f"{self.role.value}@{self.first_device}x{self.tp}"
 
 

@@ -59,3 +59,33 @@ def test_dp_edge_cases():
     assert dp_candidates([(3, 1.0)], 2) == [(1, 1.0, ((0, 1),)), (2, 1.0, ((0, 2),))]
     with pytest.raises(ValueError, match="K"):
         dp_candidates([], -1)
+
+
+def paper_loop(pairs, K):
+    """Algorithm 1 written as the paper's loops (tables copied per pair, `d <= D_hat` keeps later)."""
+    D = [0.0] + [math.inf] * K
+    C = [()] + [()] * K
+    for i, (r, phi) in enumerate(pairs):
+        Dh, Ch = D[:], C[:]
+        for j in range(K + 1):
+            if D[j] == math.inf:
+                continue
+            for e in range(1, min(r, K - j) + 1):
+                d = D[j] + phi
+                if d <= Dh[j + e]:
+                    Dh[j + e] = d
+                    Ch[j + e] = C[j] + ((i, e),)
+        D, C = Dh, Ch
+    return [(k, D[k], C[k]) for k in range(1, K + 1) if D[k] < math.inf]
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_dp_equals_paper_loop_including_ties(seed):
+    rng = random.Random(1000 + seed)
+    # small integer penalties make ties common
+    pairs = sorted(((rng.randint(1, 5), float(rng.randint(0, 3))) for _ in range(rng.randint(0, 8))),
+                   key=lambda p: p[1])
+    K = sum(r for r, _ in pairs)
+    if rng.random() < 0.3 and K:
+        K = rng.randint(0, K)
+    assert dp_candidates(pairs, K) == paper_loop(pairs, K)
