@@ -35,6 +35,10 @@ API (every call blocks until all ranks finish it):
     .device_bytes() -> dict         bytes rank 0 holds in params / grads / optimizer state
     .close()                        stop the ranks (also on `with` exit and garbage collection)
 
+Spawned ranks re-import the caller's `__main__` module (multiprocessing's spawn start method), so
+a script that builds a multi-rank `Trainer` must do so under `if __name__ == "__main__":`. A hosted
+rank (world_size 1) applies `cfg.num_threads` to this process's torch.
+
 `publish(version, state_dict)` is called in this process after every step that changed the
 weights, with the full state dict at the new version. It is where the GPS write plugs in.
 
@@ -214,6 +218,12 @@ class Trainer:
     def version(self) -> int:
         """Policy version of the current weights: 0 at start, +1 per update (restored on resume)."""
         return self._version
+
+    @property
+    def worker(self) -> TrainerWorker | None:
+        """The hosted rank's `TrainerWorker` (spawn=False), for inspection in tests; None when the
+        ranks run in spawned processes."""
+        return self._local
 
     def step(self, batch: TrainBatch) -> dict[str, float]:
         """One GRPO update on `batch` (see `TrainBatch`); publishes the new weights if it trained."""
