@@ -288,13 +288,19 @@ class ShiftAwareScheduler:
         heapq.heapify(heap)
         budget = sum(r.n for r in self.replicas.values())
         moves = 0
+        order: dict[int, list[Sequence]] = {}
         while heap and moves < budget:
             negT, i = heapq.heappop(heap)
             if negT != -self._T[i] or self._n[i] == 0:
                 continue  # stale key
             before = self._total_T
-            rep = self.replicas[self._ids[i]]
-            seq = min(rep.running.values(), key=lambda s: (s.length, s.seq_id))
+            # shortest first: each source's sequences sorted once per migration (lengths do not
+            # change during one), the cache dropped when a replica receives a sequence
+            lst = order.get(i)
+            if lst is None:
+                lst = order[i] = sorted(self.replicas[self._ids[i]].running.values(),
+                                        key=lambda s: (s.length, s.seq_id), reverse=True)
+            seq = lst.pop()
             self._unplace(seq, i)  # abort + immediate re-dispatch: the queue is empty here
             j = self._best_replica(seq.length)
             if j < 0:  # cannot happen without a reserve; with one, put it back and stop
@@ -307,6 +313,7 @@ class ShiftAwareScheduler:
                     self._place(seq, i)
                 break
             moves += 1
+            order.pop(j, None)
             heapq.heappush(heap, (-self._T[i], i))
             heapq.heappush(heap, (-self._T[j], j))
         return moves
