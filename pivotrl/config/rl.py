@@ -192,3 +192,59 @@ class BootstrapConfig:
             raise ValueError(f"bootstrap.lr must be > 0, got {self.lr}")
         if self.warmup_steps < 0:
             raise ValueError(f"bootstrap.warmup_steps must be >= 0, got {self.warmup_steps}")
+
+
+@dataclass
+class SyncLoopConfig:
+    """The synchronous proof loop: rollout -> GenRM reward -> GRPO step, on the tiny models."""
+
+    bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
+    """Which bootstrapped policy/GenRM (and synthetic data) to start from (built if not cached)."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Reward weights, answer extraction and GenRM parsing."""
+    engine: str = "cpu"
+    """Inference engine for both roles: cpu | vllm | auto (registry key of pivotrl.engines)."""
+    steps: int = 20
+    """Most GRPO steps."""
+    max_minutes: float = 10.0
+    """Stop after the step that crosses this wall-clock budget (bootstrap excluded)."""
+    prompts_per_step: int = 32
+    """Prompts per step; each gets `group_size` responses."""
+    group_size: int = 8
+    """G: responses per prompt (GRPO group)."""
+    temperature: float = 1.0
+    """Rollout sampling temperature (also the temperature of the reported sampled accuracy)."""
+    lr: float = 5e-4
+    """Trainer learning rate (AdamW)."""
+    world_size: int = 1
+    """Trainer FSDP2 ranks (1 hosts the trainer in this process)."""
+    micro_batch_size: int = 64
+    """Trainer micro-batch (sequences per forward/backward)."""
+    kl_coef: float = 0.0
+    """KL-to-reference weight (0: no reference model)."""
+    eval_size: int = 200
+    """Validation prompts for the accuracy before/after."""
+    eval_samples: int = 2
+    """Sampled responses per validation prompt (the sampled accuracy averages over them)."""
+    eval_every: int = 5
+    """Evaluate every this many steps (and always at the start and end)."""
+    seed: int = 0
+    """Seed of prompt order and sampling."""
+    num_threads: int = 1
+    """torch threads in this process (engines and a hosted trainer share them)."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "prompts_per_step", "group_size", "eval_size", "eval_samples",
+                     "eval_every", "world_size", "micro_batch_size", "num_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"sync_loop.{name} must be >= 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise ValueError(f"sync_loop.group_size must be >= 2 (GRPO compares samples of a prompt), "
+                             f"got {self.group_size}")
+        if self.temperature <= 0:
+            raise ValueError(f"sync_loop.temperature must be > 0 (GRPO needs diverse samples), got {self.temperature}")
+        if self.lr <= 0 or self.max_minutes <= 0 or self.kl_coef < 0:
+            raise ValueError(f"sync_loop.lr and max_minutes must be > 0 and kl_coef >= 0, got "
+                             f"{self.lr}, {self.max_minutes}, {self.kl_coef}")
+        if self.engine not in ("cpu", "vllm", "auto"):
+            raise ValueError(f"sync_loop.engine {self.engine!r} is not one of ['auto', 'cpu', 'vllm']")
