@@ -104,11 +104,26 @@ class Controller:
         raise TypeError(f"unknown event {type(ev).__name__}")
 
     def _apply_progress(self, progress: dict[Role, dict[int, int]]) -> None:
+        """Engines' token counts into the schedulers. Every sequence of a replica advanced by the
+        same count since the last report except those that joined since, so one `advance` per
+        replica covers the common part and only the rest need a per-sequence `progress`.
+        (The pivot controller needs current counts for its planner; static modes get no reports.)"""
         for role, counts in progress.items():
+            if not counts:
+                continue
             s = self.sched[role]
-            for sid, gen in counts.items():
-                if s.where(sid) is not None and gen > s.get(sid).generated:
-                    s.progress(sid, gen)
+            for rid, rep in s.replicas.items():
+                if not rep.running:
+                    continue
+                deltas = [(seq, counts.get(sid, seq.generated) - seq.generated) for sid, seq in rep.running.items()]
+                common = min(d for _, d in deltas)
+                if common > 0:
+                    s.advance(rid, common)
+                for seq, d in deltas:
+                    # a one-token lag is noise (engines report mid-iteration); it is caught up on
+                    # the next report, so counts stay within a token of the truth and never drop
+                    if d > max(common, 0) + 1:
+                        s.progress(seq.seq_id, seq.generated + d - max(common, 0))
 
     # ------------------------------------------------------------------ pipeline
     def _on_start(self, ev: Start) -> list[Action]:

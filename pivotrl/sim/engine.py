@@ -153,17 +153,19 @@ class SimReplica:
         self.epoch += 1
         return gen
 
-    def pop_finished(self) -> list[tuple[int, int]]:
-        """Remove and return (seq_id, generated) of every sequence done by now."""
-        out = []
+    def pop_finished(self) -> tuple[int, int] | None:
+        """Remove and return (seq_id, generated) of one sequence done by now, or None.
+
+        One at a time: the runtime tells the controller about each before taking the next, so a
+        controller move in between never refers to a sequence the runtime already retired."""
         while self._heap and self._heap[0][0] <= self.iters + _EPS * max(1.0, self.iters):
             fin, sid = heapq.heappop(self._heap)
             r = self.runs.get(sid)
             if r is None or r.finish_iter != fin:
                 continue  # removed earlier (lazy heap)
             self.remove(sid)
-            out.append((sid, r.target))
-        return out
+            return sid, r.target
+        return None
 
     def stall(self, seconds: float) -> None:
         """Stop decoding for `seconds` from now (e.g. loading new weights)."""

@@ -190,11 +190,13 @@ class SimRuntime:
         rep = self.replicas[rid]
         rep.advance(self.now)
         role = self.role_of[rid]
-        for sid, gen in rep.pop_finished():
+        while not self.done and self.replicas.get(rid) is rep:
+            got = rep.pop_finished()
+            if got is None:
+                break
+            sid, gen = got
             self.truth[role].pop(sid, None)
             self._handle(SequenceFinished(self.now, role=role, seq_id=sid, generated=gen, replica_id=rid))
-            if self.done:
-                return
         self._reschedule(rid)
 
     def _snapshot(self) -> dict[Role, dict[int, int]]:

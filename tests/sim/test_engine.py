@@ -40,7 +40,8 @@ def test_closed_form_completions_match_token_stepping(model):
     while rep.runs:
         t = rep.next_finish()
         rep.advance(t)
-        for sid, gen in rep.pop_finished():
+        while (item := rep.pop_finished()) is not None:
+            sid, gen = item
             got[sid] = t
             assert gen == seqs[sid][1]
     for i in ref:
