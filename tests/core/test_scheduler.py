@@ -193,3 +193,36 @@ def test_empty_scheduler_is_safe():
     assert s.dispatch() == [] and s.queued() == 3
     assert s.shift_up([("x", 1000)]) and s.queued() == 0
     s.check_invariants()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_vectorised_dispatch_matches_scalar_argmax(seed):
+    import random
+
+    rng = random.Random(seed)
+    model = MODEL if seed % 2 else ThroughputModel(A=5.5e-8, B=43.6e-3, C=0.094e-3, D=1.4e-3,
+                                                    moe_floor=0.05, moe_k_over_e=1 / 16)
+    s = ShiftAwareScheduler(Role.ROLLOUT, model, kv_reserve=rng.choice([0, 50]))
+    s.add_replicas([(f"r{i}", rng.choice([3_000, 20_000, 100_000])) for i in range(rng.randint(1, 12))])
+    s.submit([Sequence(i, Role.ROLLOUT, rng.randint(10, 3000)) for i in range(rng.randint(0, 120))])
+    for _ in range(40):
+        length = rng.randint(1, 5000)
+        best, best_gain = -1, None
+        for pos, rid in enumerate(s.replicas):
+            r = s.replicas[rid]
+            if r.free_kv >= length + s.kv_reserve:
+                g = model.gain(r.n, r.k, length)
+                if best_gain is None or g > best_gain + 1e-12:
+                    best, best_gain = pos, g
+        got = s._best_replica(length)
+        if best < 0:
+            assert got == -1
+        else:
+            rid = list(s.replicas)[got]
+            r = s.replicas[rid]
+            assert r.free_kv >= length + s.kv_reserve
+            assert model.gain(r.n, r.k, length) == pytest.approx(best_gain, rel=1e-9)
+        s.dispatch()
+        if rng.random() < 0.5 and s.num_sequences() > s.queued():
+            running = [sid for rep in s.replicas.values() for sid in rep.running]
+            s.finish(rng.choice(running))
