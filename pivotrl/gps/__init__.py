@@ -22,7 +22,9 @@ The API the runtime uses::
   version, never torn; `ReadResult` unpacks as `(version, shards)`. `out` fills given tensors in
   place (e.g. the engine's parameters); `zero_copy` hands out views of node-local GPS memory where
   a device tensor is one whole stored slice (release the result when done with them).
-- `write(model, devices, layout, shards) -> version`: validated, then published atomically.
+- `write(model, devices, layout, shards) -> version`: validated, then published atomically;
+  `write_async(...) -> Future[version]` validates now and copies/publishes on a background thread
+  (training overlaps it with its next step; keep `shards` unchanged until the future is done).
 - `register(model, config_or_dict, frozen=..., state_dict=...)`, `export_hf`, `current_version`,
   `live_versions`, `plan(...)` (the cached transfer plan, for inspection and overhead estimates).
 - Errors (`pivotrl.gps.errors`) name what is wrong and leave the store unchanged.

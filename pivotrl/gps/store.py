@@ -16,6 +16,7 @@ import re
 import threading
 import weakref
 from collections import OrderedDict, defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -36,7 +37,9 @@ StateDict = dict[str, torch.Tensor]
 @dataclass
 class ReadResult:
     """The weights of exactly one version: `shards[device][name]`. With `zero_copy`, tensors may be
-    views of GPS memory: the version stays leased until `release()` (or garbage collection)."""
+    views of GPS memory: the version stays leased until `release()` (or garbage collection of this
+    result). Views stay valid after that (each version has its own mapping, never reused, and the
+    mapping lives as long as a view does), but their memory no longer counts as a live version."""
 
     version: int
     shards: dict[Device, StateDict]
@@ -81,6 +84,7 @@ class GlobalParameterStore:
         self._models: dict[str, tuple[ModelSpec, Placement, bool, list[ChunkLayout]]] = {}
         self._lock = threading.Lock()
         self._write_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._executor: ThreadPoolExecutor | None = None
 
     def __getstate__(self) -> dict:  # ship to device actors: config, transport and table handles
         return {"config": self.config, "num_nodes": self.num_nodes, "links": self.links,
@@ -233,13 +237,30 @@ class GlobalParameterStore:
               shards: Mapping[Device, Mapping[str, torch.Tensor]]) -> int:
         """Publish a new version of `model` from the devices' shards under `layout`; returns it.
         Everything is validated before any memory is touched, so a bad write changes nothing."""
+        plan = self._validated_write_plan(model, devices, layout, shards)
+        return self._commit(model, plan, shards, initial=False)
+
+    def write_async(self, model: str, devices: Sequence[Device], layout: Layout,
+                    shards: Mapping[Device, Mapping[str, torch.Tensor]]) -> "Future[int]":
+        """`write` off the caller's critical path (paper §5.1: the policy write overlaps the next
+        training step). Validation errors raise here, at once; the copy and the publish run on a
+        background thread, and the future gives the new version. The caller must not modify
+        `shards` until the future is done (e.g. wait on it before the next optimizer step)."""
+        plan = self._validated_write_plan(model, devices, layout, shards)
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gps-write")
+        return self._executor.submit(self._commit, model, plan, shards, False)
+
+    def _validated_write_plan(self, model: str, devices: Sequence[Device], layout: Layout,
+                              shards: Mapping[Device, Mapping[str, torch.Tensor]]) -> Plan:
         spec, _, frozen, _ = self._model(model)
         if frozen:
             self.table.begin_write(model)  # raises FrozenModelError with the model's name
         validate_layout(spec, layout)
         plan = self.plan("write", model, devices, layout)
         self._check_shards(model, plan, shards)
-        return self._commit(model, plan, shards, initial=False)
+        return plan
 
     def _write_full(self, model: str, state_dict: Mapping[str, torch.Tensor], initial: bool) -> int:
         dev = Device(0, 0)
@@ -311,6 +332,8 @@ class GlobalParameterStore:
             self.transport.free(r)
 
     def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
         for m in self.table.models():
             try:
                 self._free(self.table.remove_model(m))

@@ -235,3 +235,16 @@ def test_concurrent_writer_never_tears_reads(make_store):
     assert not errors, errors[0]
     assert len(set(seen)) > 3  # readers really interleaved with the writer
     assert store.live_versions("policy") == [39]  # every old version freed once readers let go
+
+
+def test_write_async_publishes_in_background(make_store):
+    store = make_store(2)
+    store.register("policy", TINY, state_dict=SD)
+    new = random_state_dict(SPEC, seed=21)
+    devs = [Device(0, 0), Device(1, 0)]
+    with pytest.raises(ShardMismatchError):  # validation is synchronous
+        store.write_async("policy", devs, Layout(tp=2), {devs[0]: {}})
+    fut = store.write_async("policy", devs, Layout(tp=2),
+                            {d: expected_shard(SPEC, new, Layout(tp=2), r) for r, d in enumerate(devs)})
+    assert fut.result(timeout=60) == 1
+    assert digest(store.read("policy", [Device(1)], Layout()).shards[Device(1)]) == digest(new)
