@@ -2,7 +2,8 @@
 
 Owns only file formats. The shapes come from the directory's `config.json` (so the layout rules
 match what `transformers` builds); each tensor's dtype comes from the safetensors header and is
-kept as stored (bf16 stays bf16). Export writes `model.safetensors` plus the original
+kept as stored (bf16 stays bf16). Import maps the files instead of loading them, so it needs no
+second copy of the checkpoint in memory. Export writes `model.safetensors` plus the original
 `config.json` (and tokenizer/generation files when the import directory had them), so
 `transformers.AutoModelForCausalLM.from_pretrained(path)` loads it.
 """
@@ -25,6 +26,39 @@ _SIDE_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.jso
                "vocab.json", "merges.txt")
 
 
+_ST_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+              "BOOL": torch.bool}
+
+
+def _mapped_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors of one safetensors file as views of a private (copy-on-write) file mapping, so an
+    import holds no second copy of the checkpoint: pages come from the page cache as GPS copies
+    them. Falls back to `safe_open` for layouts the views cannot express (misaligned offsets)."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    size = path.stat().st_size
+    storage = torch.UntypedStorage.from_file(str(path), shared=False, nbytes=size)
+    base = 8 + n
+    out: dict[str, torch.Tensor] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dt = _ST_DTYPES.get(info["dtype"])
+        start, _ = info["data_offsets"]
+        if dt is None or (base + start) % dt.itemsize:
+            with safe_open(str(path), framework="pt") as h:
+                return {k: h.get_tensor(k) for k in h.keys()}
+        shape = tuple(info["shape"])
+        stride, acc = [], 1
+        for s in reversed(shape):
+            stride.append(acc)
+            acc *= s
+        out[name] = torch.empty(0, dtype=dt).set_(storage, (base + start) // dt.itemsize, shape, tuple(reversed(stride)))
+    return out
+
+
 def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     files = sorted(path.glob("*.safetensors"))
@@ -32,9 +66,7 @@ def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"no *.safetensors files in {path}")
     out: dict[str, torch.Tensor] = {}
     for f in files:
-        with safe_open(str(f), framework="pt") as h:
-            for k in h.keys():
-                out[k] = h.get_tensor(k)
+        out.update(_mapped_safetensors(f))
     return out
 
 
