@@ -1,5 +1,7 @@
 """Fixtures for the engine tests: tiny Qwen2 model folders made by `pivotrl.models.tiny`.
 
+head_dim is 32: vLLM's CPU attention rejects head_dim 16 ("Unsupported CPU attention configuration").
+
 The folders use untied input/output embeddings: a random-init model with tied embeddings just
 repeats its last input token under greedy decoding (the residual stream is dominated by the
 token's own embedding), which would make "outputs equal the reference" tests nearly vacuous.
@@ -14,7 +16,7 @@ from pivotrl.models.tiny import TinyModelConfig, create_tiny_model
 
 torch.set_num_threads(1)
 
-TINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
+TINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128,
                        max_position_embeddings=160, tie_word_embeddings=False)
 
 PROMPT_TEXTS = [

