@@ -269,10 +269,12 @@ class GlobalParameterStore:
         return self._commit(model, plan, {dev: state_dict}, initial=initial)
 
     def load_state_dict(self, model: str, state_dict: Mapping[str, torch.Tensor]) -> int:
-        """Write a whole (unpartitioned) HF state dict as the next version."""
-        if self._model(model)[2]:
-            self.table.begin_write(model)  # frozen: raises
-        return self._write_full(model, state_dict, initial=False)
+        """Write a whole (unpartitioned) HF state dict as the next version. A frozen model takes
+        this only as its initial load (when registered without weights)."""
+        frozen = self._model(model)[2]
+        if frozen and self.table.current(model) >= 0:
+            self.table.begin_write(model)  # raises FrozenModelError naming the model
+        return self._write_full(model, state_dict, initial=frozen)
 
     def _commit(self, model: str, plan: Plan, shards: Mapping[Device, Mapping[str, torch.Tensor]],
                 initial: bool) -> int:

@@ -248,3 +248,16 @@ def test_write_async_publishes_in_background(make_store):
                             {d: expected_shard(SPEC, new, Layout(tp=2), r) for r, d in enumerate(devs)})
     assert fut.result(timeout=60) == 1
     assert digest(store.read("policy", [Device(1)], Layout()).shards[Device(1)]) == digest(new)
+
+
+def test_frozen_model_takes_one_initial_load(make_store):
+    store = make_store(1)
+    store.register("genrm", TINY, frozen=True)
+    with pytest.raises(UnknownVersionError, match="has no version yet"):
+        store.read("genrm", [Device(0)], Layout())
+    with pytest.raises(FrozenModelError):
+        store.write("genrm", [Device(0)], Layout(), {Device(0): SD})
+    assert store.load_state_dict("genrm", SD) == 0
+    with pytest.raises(FrozenModelError):
+        store.load_state_dict("genrm", SD)
+    assert store.live_versions("genrm") == [0]
