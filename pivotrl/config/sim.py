@@ -60,6 +60,9 @@ class SimConfig:
     sweep_steps: int | None = None
     """RL steps per sweep run (warm-up included); null = `train.steps`. Keep it >= staleness + 3:
     shorter runs measure only batches generated during the warm-up and favour tiny inference pools."""
+    pivot_home: str = "paper"
+    """Training home set of deploy=pivot when `deploy.allocation.train` is null: `paper` (Table 4's
+    training allocation) or `sweep` (the best on the sweep grid, as the baselines get)."""
     max_sim_time_s: float = 1e6
     """Simulated-seconds safety cap: a run that would exceed it fails with an error (a stuck mode)."""
     paper_allocation: PaperAllocation = field(default_factory=PaperAllocation)
@@ -72,6 +75,8 @@ class SimConfig:
                 raise ValueError(f"models.sim.{name} must be >= 1 or null, got {v}")
         if isinstance(self.mem_util, float) and not 0.0 < self.mem_util <= 1.0:
             raise ValueError(f"models.sim.mem_util must be in (0, 1], got {self.mem_util}")
+        if self.pivot_home not in ("paper", "sweep"):
+            raise ValueError(f"models.sim.pivot_home must be 'paper' or 'sweep', got {self.pivot_home!r}")
         if isinstance(self.sweep_units, int) and self.sweep_units < 2:
             raise ValueError(f"models.sim.sweep_units must be >= 2, got {self.sweep_units}")
         if self.sweep_steps is not None and isinstance(self.sweep_steps, int) and self.sweep_steps < 2:

@@ -8,7 +8,8 @@ mode runs with (`resolve_allocation`), including pivot's training home set.
 Grid: the cluster is cut into `models.sim.sweep_units` equal units (each a multiple of the largest
 replica size, so every role's replicas stay aligned); `disaggregated` tries every split of the
 units into rollout/reward/train (each >= 1 unit), `rr_colocated` every split into pool/train. The
-paper's Table 4 allocation lies on this grid for every group, and is always tried.
+paper's Table 4 allocation lies on this grid for every group, and is always tried. `pivot` has one
+static choice, its training home set; with `models.sim.pivot_home=sweep` it is swept the same way.
 """
 from __future__ import annotations
 
@@ -58,8 +59,11 @@ def candidates(cfg: PivotConfig) -> list[dict[Role, int]]:
     elif mode == "rr_colocated":
         for pool in range(1, U):
             out.append({Role.ROLLOUT: pool * unit, Role.REWARD: 0, Role.TRAIN: (U - pool) * unit})
+    elif mode == "pivot":  # only the training home set is static in pivot
+        for tr in range(1, U):
+            out.append({Role.TRAIN: tr * unit})
     else:
-        raise ValueError(f"the allocation sweep is for disaggregated and rr_colocated, not deploy={mode}")
+        raise ValueError(f"the allocation sweep is for disaggregated, rr_colocated and pivot, not deploy={mode}")
     paper = paper_allocation(cfg)
     if paper and paper not in out and sum(paper.values()) == n:
         out.append(paper)
@@ -72,6 +76,8 @@ def paper_allocation(cfg: PivotConfig) -> dict[Role, int] | None:
         return dict(zip((Role.ROLLOUT, Role.REWARD, Role.TRAIN), map(int, pa.disaggregated)))
     if mode == "rr_colocated" and len(pa.rr_colocated) == 2:
         return {Role.ROLLOUT: int(pa.rr_colocated[0]), Role.REWARD: 0, Role.TRAIN: int(pa.rr_colocated[1])}
+    if mode == "pivot" and pa.pivot_train:
+        return {Role.TRAIN: int(pa.pivot_train)}
     return None
 
 
@@ -90,10 +96,16 @@ def config_hash(cfg: PivotConfig) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def sweep(cfg: PivotConfig, cache_dir: Path | None = None, progress: bool = False) -> dict[str, Any]:
-    """Run every candidate allocation short; returns {"best": alloc, "results": {key: throughput}}."""
+def _throughput(cfg: PivotConfig, alloc: dict[Role, int], steps: int) -> float:
     from pivotrl.sim.runtime import simulate
 
+    return float(simulate(cfg, alloc, steps=steps)["throughput_tokens_per_s"])
+
+
+def sweep(cfg: PivotConfig, cache_dir: Path | None = None, progress: bool = False,
+          jobs: int = 1) -> dict[str, Any]:
+    """Run every candidate allocation; returns {"best": alloc, "results": {key: throughput}}.
+    `jobs > 1` runs candidates in that many processes."""
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / f"{_mode(cfg)}_{cfg.models.name}_{config_hash(cfg)}.json"
@@ -106,27 +118,44 @@ def sweep(cfg: PivotConfig, cache_dir: Path | None = None, progress: bool = Fals
         from tqdm import tqdm
 
         it = tqdm(cands, desc=f"sweep {_mode(cfg)} {cfg.models.name}", unit="alloc", leave=False)
-    fresh = 0
-    for alloc in it:
-        k = _key(alloc)
-        if k not in cached:
-            cached[k] = float(simulate(short, alloc, steps=steps)["throughput_tokens_per_s"])
-            fresh += 1
-            path.write_text(json.dumps(cached, indent=1))  # keep partial progress
+    todo = [a for a in cands if _key(a) not in cached]
+    if jobs > 1 and len(todo) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futs = {_key(a): pool.submit(_throughput, short, a, steps) for a in todo}
+            for k, f in futs.items():
+                cached[k] = f.result()
+                path.write_text(json.dumps(cached, indent=1))
+    else:
+        for alloc in it:
+            k = _key(alloc)
+            if k not in cached:
+                cached[k] = _throughput(short, alloc, steps)
+                path.write_text(json.dumps(cached, indent=1))  # keep partial progress
+    fresh = len(todo)
     scores = {_key(a): cached[_key(a)] for a in cands}
     best = max(cands, key=lambda a: (scores[_key(a)], -a.get(Role.TRAIN, 0)))
     return {"best": best, "results": scores, "runs": fresh, "cached": len(cands) - fresh,
             "steps": steps, "cache": str(path)}
 
 
-def resolve_allocation(cfg: PivotConfig, cache_dir: Path | None = None,
-                       progress: bool = False) -> tuple[dict[Role, int], dict[str, Any]]:
+def resolve_allocation(cfg: PivotConfig, cache_dir: Path | None = None, progress: bool = False,
+                       jobs: int = 1) -> tuple[dict[Role, int], dict[str, Any]]:
     """The allocation a run uses, and a JSON-able note of where it came from."""
     mode = _mode(cfg)
     n = int(cfg.cluster.num_devices or cfg.models.devices)
     a = cfg.deploy.allocation
     if mode == "colocated":
         return {}, {"source": "all devices serve every role", "devices": n}
+    if mode == "pivot" and not a.train and cfg.models.sim.pivot_home == "sweep":
+        res = sweep(cfg, cache_dir, progress, jobs)
+        tr = res["best"][Role.TRAIN]
+        paper = paper_allocation(cfg)
+        return {Role.TRAIN: tr}, {"source": "sweep (best training home set)", "train_home": tr,
+                                  "allocation": _key(res["best"]), "sweep_throughput": res["results"],
+                                  "paper_allocation": _key(paper) if paper else None,
+                                  "sweep_runs": res["runs"], "sweep_cached": res["cached"]}
     if mode == "pivot":
         paper_tr = cfg.models.sim.paper_allocation.pivot_train
         if n != cfg.models.devices:  # Table 4 is for the paper's cluster size: keep its share
@@ -138,7 +167,7 @@ def resolve_allocation(cfg: PivotConfig, cache_dir: Path | None = None,
     if a.given():
         alloc = {Role.ROLLOUT: a.rollout or 0, Role.REWARD: a.reward or 0, Role.TRAIN: a.train or 0}
         return alloc, {"source": "deploy.allocation", "allocation": _key(alloc)}
-    res = sweep(cfg, cache_dir, progress)
+    res = sweep(cfg, cache_dir, progress, jobs)
     paper = paper_allocation(cfg)
     info = {"source": "sweep (best static allocation)", "allocation": _key(res["best"]),
             "sweep_throughput": res["results"], "sweep_steps": res["steps"],
