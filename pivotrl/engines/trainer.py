@@ -49,6 +49,7 @@ left waiting in a collective; the `Trainer` then raises `TrainerError` and must 
 """
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -138,6 +139,10 @@ class Trainer:
         self.model_path = Path(model_path)
         if not (self.model_path / "config.json").is_file():
             raise ValueError(f"model_path {str(self.model_path)!r} is not a Hugging Face model folder (no config.json)")
+        try:
+            self._vocab_size = int(json.loads((self.model_path / "config.json").read_text())["vocab_size"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"model_path {str(self.model_path)!r} has an unreadable config.json: {e}") from e
         self.publish = publish
         self._spawn = cfg.world_size > 1 if spawn is None else spawn
         if not self._spawn and cfg.world_size != 1:
@@ -228,7 +233,7 @@ class Trainer:
     def step(self, batch: TrainBatch) -> dict[str, float]:
         """One GRPO update on `batch` (see `TrainBatch`); publishes the new weights if it trained."""
         # Bad batches fail here, before any rank enters a collective it could not leave.
-        batch.validate()
+        batch.validate(self._vocab_size)
         if max(batch.versions) > self._version:
             raise ValueError(f"TrainBatch.versions has version {max(batch.versions)} > trainer version {self._version}")
         metrics = self._call("step", batch)
@@ -238,7 +243,7 @@ class Trainer:
         return metrics
 
     def compute_log_probs(self, batch: TrainBatch) -> list[list[float]]:
-        batch.validate()
+        batch.validate(self._vocab_size)
         return self._call("compute_log_probs", batch)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -282,6 +287,8 @@ class Trainer:
             if latest is None:
                 raise ValueError(f"no trainer checkpoint at or under {str(path)!r}")
             path = latest
+        if not (path / "dcp" / ".metadata").is_file():
+            raise ValueError(f"checkpoint {str(path)!r} has no dcp/.metadata (incomplete or not a trainer checkpoint)")
         extra = self._call("load_checkpoint", str(path))
         self._version = int(self._call("state")["version"])
         return extra

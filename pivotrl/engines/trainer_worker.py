@@ -76,8 +76,9 @@ class TrainBatch:
     def __len__(self) -> int:
         return len(self.prompt_ids)
 
-    def validate(self) -> None:
-        """Raise ValueError naming the field that is missing, ragged or malformed."""
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ValueError naming the field that is missing, ragged or malformed (and, given
+        `vocab_size`, holding a token id outside the model's vocabulary)."""
         n = len(self.prompt_ids)
         if n == 0:
             raise ValueError("TrainBatch.prompt_ids is empty: a batch needs at least one sample")
@@ -90,6 +91,11 @@ class TrainBatch:
         for i, p in enumerate(self.prompt_ids):
             if len(p) == 0:
                 raise ValueError(f"TrainBatch.prompt_ids[{i}] is empty (a prompt needs >= 1 token)")
+        if vocab_size is not None:
+            for name in ("prompt_ids", "response_ids"):
+                for i, ids in enumerate(getattr(self, name)):
+                    if ids and (min(ids) < 0 or max(ids) >= vocab_size):
+                        raise ValueError(f"TrainBatch.{name}[{i}] has a token id outside [0, {vocab_size})")
         if self.old_log_probs is not None:
             for i, (r, lp) in enumerate(zip(self.response_ids, self.old_log_probs)):
                 if len(r) != len(lp):
@@ -197,17 +203,22 @@ class TrainerWorker:
         torch.manual_seed(seed)
 
     # ------------------------------------------------------------------------------ forward
-    def _micro_batches(self, indices: np.ndarray, total: int) -> list[np.ndarray]:
+    def _micro_batches(self, indices: np.ndarray, lengths: np.ndarray | None = None) -> list[np.ndarray]:
         """This rank's share of `indices`, cut into the same number of micro-batches on every rank
         (FSDP collectives must line up); a rank with less work gets empty micro-batches."""
         shards = np.array_split(indices, self.world_size)
         n_micro = max(1, math.ceil(len(shards[0]) / self.cfg.micro_batch_size))
         mine = shards[self.rank]
+        if lengths is not None:  # similar lengths share a micro-batch: less padding, same sum
+            mine = mine[np.argsort(lengths[mine], kind="stable")]
         mbs = self.cfg.micro_batch_size
         return [mine[k * mbs : (k + 1) * mbs] for k in range(n_micro)]
 
-    def _token_log_probs(self, model: torch.nn.Module, batch: TrainBatch, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs `[B, R]` of each response token under `model`, and the 0/1 mask `[B, R]`.
+    def _token_log_probs(
+        self, model: torch.nn.Module, batch: TrainBatch, idx: list[int], entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Log-probs `[B, R]` of each response token under `model`, the 0/1 mask `[B, R]` and,
+        if asked, the policy's entropy at each response position (detached, for monitoring).
 
         Sequences are right-padded and run without an attention mask: causal attention means pad
         tokens after a sequence never influence its own positions, and positions stay 0..L-1."""
@@ -229,7 +240,11 @@ class TrainerWorker:
         logp_all = torch.log_softmax(sel.float() / self.cfg.logprob_temperature, dim=-1)
         targets = ids.gather(1, (pos + 1).clamp(max=L - 1))
         logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)
-        return logp * mask, mask
+        ent = None
+        if entropy:
+            with torch.no_grad():
+                ent = -(logp_all.exp() * logp_all).sum(-1) * mask
+        return logp * mask, mask, ent
 
     def _padded(self, rows: list[list[float]], R: int) -> torch.Tensor:
         out = torch.zeros(len(rows), R)
@@ -247,7 +262,7 @@ class TrainerWorker:
         self._require_loaded("step")
         t0 = time.perf_counter()
         cfg = self.cfg
-        batch.validate()
+        batch.validate(self.hf_config.vocab_size)
         versions = np.asarray(batch.versions, dtype=np.int64)
         if (versions > self.version).any():
             raise ValueError(
@@ -277,15 +292,17 @@ class TrainerWorker:
         denom = float(n_tok if cfg.loss_agg_mode == "token-mean" else n_seq)
         if denom == 0:
             raise ValueError("every fresh sample in TrainBatch.response_ids is empty: nothing to train on")
-        micro = self._micro_batches(fresh, len(fresh))
-        sums = torch.zeros(6, dtype=torch.float64)  # loss, pg_loss, kl, clip*tok, akl*tok, ratio*tok
+        lengths = np.asarray([len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)])
+        micro = self._micro_batches(fresh, lengths)
+        # loss, pg_loss, kl, then token-weighted clipfrac, approx_kl, ratio and entropy sums
+        sums = torch.zeros(7, dtype=torch.float64)
         for k, mb in enumerate(micro):
             weight = 1.0
             if len(mb) == 0:  # keep collectives aligned: run a real sample with zero weight
                 mb, weight = fresh[:1], 0.0
             idx = [int(i) for i in mb]
             self.model.set_requires_gradient_sync(k == len(micro) - 1)
-            logp, mask = self._token_log_probs(self.model, batch, idx)
+            logp, mask, ent = self._token_log_probs(self.model, batch, idx, entropy=True)
             mask = mask * weight
             old = (
                 logp.detach()
@@ -295,7 +312,7 @@ class TrainerWorker:
             ref = None
             if self.ref_model is not None:
                 with torch.no_grad():
-                    ref, _ = self._token_log_probs(self.ref_model, batch, idx)
+                    ref, _, _ = self._token_log_probs(self.ref_model, batch, idx)
             adv_t = torch.as_tensor(adv[idx], device=self.device)
             loss, m = policy_loss(
                 cfg.loss, logp, old, adv_t, mask,
@@ -310,6 +327,7 @@ class TrainerWorker:
             sums += torch.tensor([
                 float(loss.detach()), float(m["pg_loss"]), float(m.get("kl", 0.0)),
                 float(m["clipfrac"]) * ntok, float(m["approx_kl"]) * ntok, float(m["ratio_mean"]) * ntok,
+                float((ent * weight).sum()),
             ], dtype=torch.float64)
         reduced = sums.to(self.device)
         dist.all_reduce(reduced)
@@ -334,6 +352,7 @@ class TrainerWorker:
             "clipfrac": float(reduced[3]) / n_tok if n_tok else 0.0,
             "approx_kl": float(reduced[4]) / n_tok if n_tok else 0.0,
             "ratio_mean": float(reduced[5]) / n_tok if n_tok else 0.0,
+            "entropy": float(reduced[6]) / n_tok if n_tok else 0.0,
             "grad_norm": grad_norm,
             "lr": float(self.optimizer.param_groups[0]["lr"]),
             "samples_trained": float(len(fresh)),
@@ -356,10 +375,10 @@ class TrainerWorker:
         self._require_loaded("compute_log_probs")
         idx_all = np.arange(len(batch))
         out: dict[int, list[float]] = {}
-        for mb in self._micro_batches(idx_all, len(batch)):
+        for mb in self._micro_batches(idx_all):
             real = len(mb) > 0
             idx = [int(i) for i in (mb if real else idx_all[:1])]
-            logp, _ = self._token_log_probs(self.model, batch, idx)
+            logp, _, _ = self._token_log_probs(self.model, batch, idx)
             if real:
                 for b, i in enumerate(idx):
                     out[i] = logp[b, : len(batch.response_ids[i])].cpu().tolist()
@@ -497,7 +516,7 @@ class TrainerWorker:
         # and save_pretrained handles tied weights and large-file sharding the HF way.
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(self.hf_config, dtype=torch.float32)
-        skeleton.load_state_dict(full, assign=True, strict=False)
+        skeleton.load_state_dict(full, assign=True, strict=True)
         skeleton.tie_weights()
         skeleton.save_pretrained(str(out), safe_serialization=True)
 

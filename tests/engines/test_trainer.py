@@ -6,6 +6,7 @@ ranks dominates the cost on a 2-core machine; everything else hosts a single ran
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
@@ -69,6 +70,17 @@ def two_rank_run(model_path, tmp_path_factory):
         tr.reload()
         out["m2"] = tr.step(_batch(2, versions=[0] + [1] * 8))
         out["sd2"] = tr.state_dict()
+        # A rank that raises inside a collective: every rank's error comes back, the group stops.
+        broken = ckpt_root / "broken"
+        broken.mkdir()
+        (broken / "trainer_state.json").write_text("{}")
+        with pytest.raises(ValueError, match="no dcp/.metadata"):
+            tr.load_checkpoint(broken)  # caught before any rank sees it
+        with pytest.raises(TrainerError) as err:
+            tr._call("load_checkpoint", str(broken))  # past the driver's check: DCP fails on the ranks
+        out["error"] = str(err.value)
+        with pytest.raises(TrainerError, match="closed"):
+            tr.step(_batch(3, version=2))
     out["published"] = published
     return out
 
@@ -81,7 +93,7 @@ def test_two_ranks_match_one_rank(model_path, two_rank_run):
         sd2 = tr.state_dict()
     r = two_rank_run
     assert r["m1"]["micro_batches"] == 2 and m1["micro_batches"] == 3
-    for key in ("loss", "pg_loss", "kl", "grad_norm", "clipfrac", "tokens_trained"):
+    for key in ("loss", "pg_loss", "kl", "grad_norm", "clipfrac", "entropy", "tokens_trained"):
         assert r["m1"][key] == pytest.approx(m1[key], rel=1e-4, abs=1e-6), key
         assert r["m2"][key] == pytest.approx(m2[key], rel=1e-4, abs=1e-6), key
     assert m1["loss"] != m2["loss"]  # the weights moved, and the loss saw it
@@ -204,6 +216,17 @@ def test_on_policy_batch_without_old_log_probs(model_path):
     assert m["clipfrac"] == 0.0 and m["ratio_mean"] == pytest.approx(1.0)
 
 
+def test_bfloat16_compute_keeps_float32_master_weights(model_path):
+    with Trainer(_cfg(), model_path) as tr:
+        m32 = tr.step(_batch(1))
+    with Trainer(_cfg(param_dtype="bfloat16"), model_path) as tr:
+        m16 = tr.step(_batch(1))
+        sd = tr.state_dict()
+    assert m16["loss"] == pytest.approx(m32["loss"], rel=5e-2, abs=1e-2)
+    assert 0.0 < m16["entropy"] <= math.log(TINY.vocab_size) + 1e-3
+    assert all(v.dtype == torch.float32 for v in sd.values())
+
+
 @pytest.mark.parametrize(
     "kw,field",
     [
@@ -235,6 +258,7 @@ def test_bad_batches_and_folders(model_path, tmp_path):
         (dict(rewards=None, advantages=None), "either advantages, or rewards and group_ids"),
         (dict(prompt_ids=[[]] + good.prompt_ids[1:]), r"prompt_ids\[0\] is empty"),
         (dict(old_log_probs=[[0.0] * 99] + good.old_log_probs[1:]), r"old_log_probs\[0\] has 99"),
+        (dict(response_ids=[[TINY.vocab_size]] + good.response_ids[1:]), r"response_ids\[0\] has a token id outside"),
     ]
     with Trainer(_cfg(), model_path) as tr:
         for change, msg in cases:
@@ -246,10 +270,9 @@ def test_bad_batches_and_folders(model_path, tmp_path):
             tr.load_checkpoint(tmp_path)
 
 
-def test_a_failing_rank_raises_with_its_traceback(tmp_path):
-    (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(TrainerError, match="rank 0 failed in start"):
-        Trainer(_cfg(timeout_s=60.0), tmp_path, spawn=True)
+def test_a_failing_rank_raises_with_its_traceback(two_rank_run):
+    assert "failed in load_checkpoint()" in two_rank_run["error"]
+    assert "Traceback" in two_rank_run["error"]
 
 
 @pytest.mark.gpu
