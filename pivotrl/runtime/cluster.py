@@ -179,7 +179,8 @@ def _init_ray(spec: ClusterSpec) -> bool:
             "use cluster=local for virtual devices on this machine")
     # Virtual devices: declare exactly num_devices of them. num_cpus is the real core count; the
     # device actors claim no CPU (see Cluster.actor_options).
-    ray.init(num_cpus=max(1, len(os.sched_getaffinity(0))),
+    # address="local": always a fresh private instance, never someone else's running cluster.
+    ray.init(address="local", num_cpus=max(1, len(os.sched_getaffinity(0))),
              resources={DEVICE_RESOURCE: float(spec.num_devices)}, **kwargs)
     return True
 

@@ -97,7 +97,11 @@ class DeviceWorker:
         import torch
 
         ctx = ray.get_runtime_context()
-        return {"device": self.device, "pid": os.getpid(), "host": socket.gethostname(),
+        live = 0
+        if isinstance(self.active, InferenceHost) and self.active.active:
+            st = self.active.engine.stats(drain=False)
+            live = st.running + st.waiting
+        return {"device": self.device, "live_sequences": live, "pid": os.getpid(), "host": socket.gethostname(),
                 "node_id": ctx.get_node_id(), "threads": torch.get_num_threads(), "cores": self.cores,
                 "role": None if self.active is None else self.active.role.value,
                 "dormant": sorted(r.value for r, h in self.hosts.items() if not h.active)}
@@ -170,10 +174,14 @@ class DeviceWorker:
                     self._reported.pop(c.seq_id, None)
             return AbortResult(aborted=aborted, finished=done)
 
-    def load_weights(self, state_dict: Mapping[str, Any], version: int) -> float:
-        """Replace the active engine's weights in place; returns seconds taken."""
+    def load_weights(self, state_dict: Mapping[str, Any], version: int) -> float | None:
+        """Replace the active engine's weights in place; returns seconds taken, or None when no
+        engine is active (a publish that raced a shift down: the next shift up reads GPS anyway)."""
         t0 = time.perf_counter()
-        self._engine().load_weights(state_dict, version)
+        with self._step_lock:
+            if not isinstance(self.active, InferenceHost) or not self.active.active:
+                return None
+            self.active.engine.load_weights(state_dict, version)
         return time.perf_counter() - t0
 
     def poll(self, timeout: float = 0.5) -> DevicePoll:
@@ -272,7 +280,13 @@ def device_actor_class() -> Any:
     return ray.remote(max_concurrency=ACTOR_CONCURRENCY, max_restarts=0)(DeviceWorker)
 
 
-def spawn_device(cluster: Any, device: int) -> Any:
+def actor_name(device: int, generation: int) -> str:
+    """Ray name of the `generation`-th actor of `device` (0 at start, +1 per respawn after a death),
+    so tools and fault tests can find a device's actor with `ray.get_actor`."""
+    return f"pivotrl-device{device}-gen{generation}"
+
+
+def spawn_device(cluster: Any, device: int, generation: int = 0) -> Any:
     """Start the actor of `device` on its bundle, with its thread budget and (if possible) cores."""
     from pivotrl.runtime.cluster import cores_for_device
 
@@ -280,4 +294,5 @@ def spawn_device(cluster: Any, device: int) -> Any:
     # Virtual devices of every virtual node share this machine, so cores go by global index.
     cores = cores_for_device(device, threads) if cluster.spec.kind == "local" else None
     cls = device_actor_class()
-    return cls.options(name=None, **cluster.actor_options(device)).remote(device, threads, cores)
+    return cls.options(name=actor_name(device, generation), **cluster.actor_options(device)).remote(
+        device, threads, cores)

@@ -132,6 +132,8 @@ class Executor:
         self.tau_shift = tau_shift  # shared with the controller's env: updated in place
         self.actors: dict[int, Any] = {d: spawn_device(cluster, d) for d in range(cluster.spec.num_devices)}
         self.role_of: dict[int, Role | None] = {d: None for d in self.actors}
+        self.generation: dict[int, int] = {d: 0 for d in self.actors}
+        self.lost_role: dict[int, Role | None] = {}  # role a device held when it was last replaced
         self.shift_log: list[dict[str, Any]] = []
         self.deaths: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -142,20 +144,27 @@ class Executor:
 
         return ray.get([a.info.remote() for a in self.actors.values()])
 
-    def respawn(self, device: int, why: str) -> None:
-        """Replace a dead actor by a fresh one on the same bundle (holding no role)."""
+    def respawn(self, device: int, why: str, generation: int | None = None) -> bool:
+        """Replace a dead actor by a fresh one on the same bundle (holding no role). With
+        `generation` (of the handle that failed), a device someone already replaced is left alone;
+        returns whether this call replaced it."""
         import ray
 
         with self._lock:
+            if generation is not None and generation != self.generation[device]:
+                return False
             old = self.actors[device]
             try:
                 ray.kill(old)
             except Exception:
                 pass
-            self.actors[device] = spawn_device(self.cluster, device)
+            self.lost_role[device] = self.role_of[device]
+            self.generation[device] += 1
+            self.actors[device] = spawn_device(self.cluster, device, self.generation[device])
             self.role_of[device] = None
             self.deaths.append({"device": device, "why": why, "time": time.time()})
         log.warning("device %d died (%s); respawned with no role", device, why)
+        return True
 
     @staticmethod
     def device_of(replica_id: str) -> int:
@@ -176,6 +185,7 @@ class Executor:
         for mv in moves:
             d = self.device_of(mv.replica_id)
             (aborts if mv.kind == "abort" else assigns).setdefault(d, []).append(mv.seq_id)
+        gens = dict(self.generation)
         refs = {d: self.actors[d].abort.remote(ids) for d, ids in aborts.items()}
         for d, ref in refs.items():
             try:
@@ -183,7 +193,7 @@ class Executor:
             except Exception as e:
                 if not _dead(e):
                     raise
-                self.respawn(d, f"abort: {type(e).__name__}")
+                self.respawn(d, f"abort: {type(e).__name__}", gens[d])
                 res.dead.add(d)
                 continue
             res.aborted.update(out.aborted)
@@ -200,7 +210,7 @@ class Executor:
             except Exception as e:
                 if not _dead(e):
                     raise
-                self.respawn(d, f"submit: {type(e).__name__}")
+                self.respawn(d, f"submit: {type(e).__name__}", gens[d])
                 res.dead.add(d)
         return res
 
@@ -215,6 +225,7 @@ class Executor:
         """Run one remote call per device at once; respawn dead ones (and retry with `retry`)."""
         import ray
 
+        gens = {d: self.generation[d] for d in calls}
         refs = {d: f() for d, f in calls.items()}
         out: dict[int, Any] = {}
         for d, ref in refs.items():
@@ -223,7 +234,7 @@ class Executor:
             except Exception as e:
                 if not _dead(e):
                     raise
-                self.respawn(d, f"{what}: {type(e).__name__}")
+                self.respawn(d, f"{what}: {type(e).__name__}", gens[d])
                 res.dead.add(d)
                 if retry is not None:
                     out[d] = ray.get(retry(d))

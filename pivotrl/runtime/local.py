@@ -64,6 +64,7 @@ class LocalRuntime:
         self.train_metrics: dict[int, dict[str, float]] = {}
         self.results: queue.Queue = queue.Queue()
         self.polls: dict[int, Any] = {}
+        self.poll_gen: dict[int, int] = {}
         self.threads: list[threading.Thread] = []
         self.deferred: list[Any] = []
         self.done = False
@@ -93,6 +94,7 @@ class LocalRuntime:
             for d, role in self.ex.role_of.items():
                 if role in INFERENCE_ROLES and d not in self.polls:
                     self.polls[d] = self.ex.actors[d].poll.remote(self.rt.poll_s)
+                    self.poll_gen[d] = self.ex.generation[d]
             refs = list(self.polls.values())
             if refs:
                 ready, _ = ray.wait(refs, num_returns=1, timeout=self.rt.poll_s)
@@ -141,11 +143,11 @@ class LocalRuntime:
             res = ray.get(ref)
         except Exception as e:
             if isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError)):
-                self._on_death(d, f"poll: {type(e).__name__}")
+                self._on_death(d, f"poll: {type(e).__name__}", self.poll_gen.get(d))
                 return
             raise
         if res.error is not None:
-            self._on_death(d, f"engine error: {res.error}")
+            self._on_death(d, f"engine error: {res.error}", self.poll_gen.get(d))
             return
         role = self.ex.role_of.get(d)
         if role not in INFERENCE_ROLES or res.role != role.value:
@@ -176,16 +178,20 @@ class LocalRuntime:
         self._handle(SequenceFinished(self.now, role=role, seq_id=c.seq_id, generated=len(c.token_ids),
                                       replica_id=Slot(role, d, self.s.tp[role]).slot_id))
 
-    def _on_death(self, d: int, why: str) -> None:
-        """Respawn `d`, re-host its replica, and send its sequences back to the queue with tokens."""
+    def _on_death(self, d: int, why: str, generation: int | None = None, respawned: bool = False) -> None:
+        """Respawn `d`, re-host its replica, and send its sequences back to the queue with tokens.
+
+        `generation` is that of the handle that failed: if someone already replaced the device (a
+        shift thread, which re-hosts it as part of its shift), nothing more is done here."""
         import ray
 
-        role = self.ex.role_of.get(d)
+        if not respawned and not self.ex.respawn(d, why, generation):
+            return
+        role = self.ex.lost_role.pop(d, None)
         self.counts["device_deaths"] += 1
-        self.ex.respawn(d, why)
         self.monitor.forget(d)
         self.polls.pop(d, None)
-        lost = sorted(sid for sid, dd in self.placed.get(role, {}).items() if dd == d) if role else []
+        lost = sorted(sid for sid, dd in self.placed[role].items() if dd == d) if role in INFERENCE_ROLES else []
         self._record("device_death", device=d, role=getattr(role, "value", None), why=why, sequences=lost,
                      tokens_kept={sid: len(self.tokens[role].get(sid, ())) for sid in lost})
         if role == Role.TRAIN:
@@ -193,9 +199,10 @@ class LocalRuntime:
         if role not in INFERENCE_ROLES:
             return
         slot = Slot(role, d, self.s.tp[role])
-        ref, version = self.ex.params.read(self.ex.model_of[role])
-        ray.get(self.ex.actors[d].shift_up.remote(self.s.role_spec(slot, 0), ref, version))
-        self.ex.role_of[d] = role
+        if d not in self.ctrl.pending:  # mid-shift devices are re-hosted by their shift
+            ref, version = self.ex.params.read(self.ex.model_of[role])
+            ray.get(self.ex.actors[d].shift_up.remote(self.s.role_spec(slot, 0), ref, version))
+            self.ex.role_of[d] = role
         for sid in lost:
             del self.placed[role][sid]
         sched = self.ctrl.sched[role]
@@ -316,7 +323,7 @@ class LocalRuntime:
         while self.deferred and not self.done:
             item = self.deferred.pop(0)
             if item[0] == "dead":
-                self._on_death(item[1], "found dead while executing moves")
+                self._on_death(item[1], "found dead while executing moves", respawned=True)
             else:
                 self._complete(*item)
 

@@ -75,15 +75,21 @@ def default_allocation(mode: str, n: int) -> dict[Role, int]:
 
 
 class LocalSetup:
-    def __init__(self, cfg: Any, rt: RuntimeConfig, run_dir: Path) -> None:
+    """Models, data, devices and GPS of one real run. `accelerator` is `cpu` (local: gloo, CPU
+    engine) or `cuda` (ray: NCCL, the engine `runtime.engine.name` names, normally vLLM)."""
+
+    def __init__(self, cfg: Any, rt: RuntimeConfig, run_dir: Path, accelerator: str = "cpu") -> None:
+        if accelerator not in ("cpu", "cuda"):
+            raise ValueError(f"accelerator={accelerator!r}; allowed: cpu, cuda")
         self.cfg, self.rt, self.run_dir = cfg, rt, Path(run_dir)
+        self.accelerator = accelerator
         self.mode = getattr(cfg.deploy.mode, "value", str(cfg.deploy.mode))
         self.num_devices = int(cfg.cluster.num_devices or cfg.models.devices)
         self.tp = {Role.ROLLOUT: int(cfg.models.policy.tp), Role.REWARD: int(cfg.models.genrm.tp)}
         if any(t != 1 for t in self.tp.values()):
-            raise ValueError(f"cluster=local runs the CPU engine, which has no tensor parallelism: "
-                             f"models.policy.tp and models.genrm.tp must be 1, got {self.tp[Role.ROLLOUT]}, "
-                             f"{self.tp[Role.REWARD]}")
+            raise ValueError(f"the real runtimes host one engine per device actor (no tensor parallelism "
+                             f"across actors yet): models.policy.tp and models.genrm.tp must be 1, got "
+                             f"{self.tp[Role.ROLLOUT]}, {self.tp[Role.REWARD]}")
         self.P, self.G = int(cfg.train.prompts_per_step), int(cfg.train.group_size)
         self.steps = int(cfg.train.steps)
         self.warmup = min(int(cfg.train.warmup_steps), self.steps - 1)
@@ -176,7 +182,8 @@ class LocalSetup:
             from pivotrl.config.trainer import TrainerConfig
 
             tcfg = TrainerConfig(lr=self.rt.lr, micro_batch_size=self.rt.micro_batch_size,
-                                 staleness=self.staleness, world_size=slot.tp, backend="gloo", device="cpu",
+                                 staleness=self.staleness, world_size=slot.tp,
+                                 backend="gloo" if self.accelerator == "cpu" else "nccl", device=self.accelerator,
                                  num_threads=int(self.cfg.cluster.threads_per_device), seed=int(self.cfg.seed),
                                  logprob_temperature=max(self.rt.rollout_temperature, 1e-3))
             return RoleSpec(Role.TRAIN, "policy", str(self.policy_path), trainer=tcfg, rank=index,

@@ -1,0 +1,48 @@
+"""`cluster=ray`: the local runtime's loop on the GPUs of a Ray cluster (vLLM engines, NCCL training).
+
+Owns only what differs from `cluster=local`: devices are the `GPU` resource of a running Ray
+cluster (`cluster.address`, `auto` by default) reserved in per-node placement groups
+(`cluster.py`), inference replicas run the engine `runtime.engine.name` names (vLLM by default),
+and training ranks use CUDA with NCCL. The device actors, role shifting, executor, monitor,
+controllers and records are the very ones `cluster=local` uses (`local.py`, `local_setup.py`).
+
+Limits of this version (said, not hidden): one engine per device actor, so `tp` must be 1 (a TP
+replica would need one actor owning several GPUs); GPS reads run in the driver and travel through
+Ray's object store, not NIXL. The GPU paths are exercised by `tests/runtime/test_ray_cluster.py`
+under the `gpu` marker; without GPUs a start fails with the resource error naming both numbers.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pivotrl.config.engine import EngineConfig
+from pivotrl.config.runtime import RuntimeConfig
+
+
+def default_ray_runtime() -> RuntimeConfig:
+    """Real-cluster defaults: vLLM on each GPU (memory fraction small enough to leave room for a
+    co-hosted dormant trainer's reload) and bigger batches than the CPU defaults."""
+    return RuntimeConfig(engine=EngineConfig(name="vllm", max_num_seqs=256, vllm_gpu_memory_utilization=0.5,
+                                             dtype="bfloat16"))
+
+
+def run_ray(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
+    """`cluster=ray` entry (pivotrl.run's registry). Ray connections and devices are always released."""
+    from pivotrl.runtime.local import LocalRuntime
+    from pivotrl.runtime.local_setup import LocalSetup, print_summary_table
+
+    rt = getattr(cfg, "runtime", None) or default_ray_runtime()
+    setup = LocalSetup(cfg, rt, Path(run_dir), accelerator="cuda")
+    try:
+        setup.start()
+        summary = {"val_accuracy_before": setup.val_accuracy(None)}
+        summary.update(LocalRuntime(setup, tracker).run())
+        summary["cluster"] = "ray"
+        summary["val_accuracy_after"] = setup.val_accuracy("policy")
+        summary["bootstrap"] = setup.bootstrap_info
+        if setup.progress:
+            print_summary_table(summary)
+        return summary
+    finally:
+        setup.close()

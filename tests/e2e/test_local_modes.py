@@ -1,0 +1,82 @@
+"""End to end on `cluster=local`: every deployment mode trains 2 steps on tiny models, and a device
+actor killed during rollout costs no sample (none lost, none trained twice).
+
+Each run starts 4 device actors that import torch and transformers: about a minute per run on 2
+loaded cores, so these are `slow`. One Ray session for the module; every run attaches to it.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from tests.e2e.conftest import make_local_cfg
+
+pytestmark = pytest.mark.slow
+
+MODES = ["colocated", "disaggregated", "rr_colocated", "pivot"]
+
+
+def _timeline(run_dir):
+    return [json.loads(line) for line in (run_dir / "timeline.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mode_trains_two_steps(ray_session, tiny_assets, tmp_path, mode):
+    from pivotrl.run import run
+
+    cfg = make_local_cfg(tiny_assets, mode)
+    summary = run(cfg, tmp_path)
+    P, G = 2, 4
+    assert summary["deploy"] == mode and summary["cluster"] == "local"
+    assert summary["policy_version"] == 2 and summary["steps"] == 2
+    assert summary["samples_trained"] == summary["samples_trained_unique"] == 2 * P * G
+    assert 0.0 <= summary["val_accuracy_before"] <= 1.0 and 0.0 <= summary["val_accuracy_after"] <= 1.0
+    for f in ("config.yaml", "metrics.jsonl", "timeline.jsonl", "summary.json"):
+        assert (tmp_path / f).is_file(), f
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["tokens"] > 0 and r["samples"] == P * G for r in rows)
+    timings = [r for r in _timeline(tmp_path) if r["kind"] == "shift_timing"]
+    assert timings and all(t["up_s"] >= 0 and t["down_s"] >= 0 for t in timings)
+    assert any(d["direction"] == "up" and d["role"] == "rollout" for t in timings for d in t["devices"])
+    # checkpoint of the last step (train.checkpoint_every=1)
+    assert (tmp_path / "checkpoints" / "step_000002" / "trainer_state.json").is_file()
+    assert ray_session.is_initialized(), "a run attached to a session must not shut it down"
+
+
+def _kill_when_busy(ray, name: str, out: dict, timeout: float = 300.0) -> None:
+    """Kill actor `name` once it holds rollout sequences (after they made some progress)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            actor = ray.get_actor(name)
+            info = ray.get(actor.info.remote(), timeout=30)
+        except Exception:
+            time.sleep(0.2)
+            continue
+        if info["role"] == "rollout" and info["live_sequences"] > 0:
+            time.sleep(0.5)
+            ray.kill(actor, no_restart=True)
+            out["killed"] = info
+            return
+        time.sleep(0.1)
+
+
+def test_killed_device_loses_no_sample(ray_session, tiny_assets, tmp_path):
+    from pivotrl.run import run
+
+    cfg = make_local_cfg(tiny_assets, "disaggregated", max_response_tokens=48)
+    killed: dict = {}
+    t = threading.Thread(target=_kill_when_busy, args=(ray_session, "pivotrl-device0-gen0", killed), daemon=True)
+    t.start()
+    summary = run(cfg, tmp_path)
+    t.join(timeout=5)
+    assert killed, "the fault thread never found device 0 generating"
+    assert summary["device_deaths"] >= 1
+    assert summary["policy_version"] == 2
+    assert summary["samples_trained"] == summary["samples_trained_unique"] == 2 * 2 * 4
+    deaths = [r for r in _timeline(tmp_path) if r["kind"] == "device_death"]
+    assert deaths and deaths[0]["device"] == 0 and deaths[0]["role"] == "rollout"
