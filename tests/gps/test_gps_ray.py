@@ -25,7 +25,8 @@ def cluster():
     from ray.cluster_utils import Cluster
 
     root = str(Path(__file__).resolve().parents[2])
-    os.environ["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = root + os.pathsep + (old or "")  # Ray workers import pivotrl and tests
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"gps_node_0": 1}})
     c.add_node(num_cpus=1, resources={"gps_node_1": 1})
     ray.init(address=c.address, include_dashboard=False, logging_level="ERROR")
@@ -34,6 +35,10 @@ def cluster():
     finally:
         ray.shutdown()
         c.shutdown()
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
 
 
 @ray.remote(num_cpus=0)
