@@ -39,7 +39,9 @@ class ReadResult:
     """The weights of exactly one version: `shards[device][name]`. With `zero_copy`, tensors may be
     views of GPS memory: the version stays leased until `release()` (or garbage collection of this
     result). Views stay valid after that (each version has its own mapping, never reused, and the
-    mapping lives as long as a view does), but their memory no longer counts as a live version."""
+    mapping lives as long as a view does), but their memory no longer counts as a live version.
+    `bytes_local`/`bytes_remote`: bytes the plan moved over node-local vs remote routes (the
+    device's node vs the holder's node)."""
 
     version: int
     shards: dict[Device, StateDict]
