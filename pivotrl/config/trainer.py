@@ -80,7 +80,8 @@ class TrainerConfig:
     """Dtype of parameters in forward/backward (FSDP2 mixed precision); master weights, gradient
     reduction and optimizer state stay float32. bfloat16 is meant for GPUs."""
     num_threads: int = 1
-    """torch intra-op threads per worker process (CPU runs share few cores). >= 1."""
+    """torch intra-op threads of each spawned rank process (CPU runs share few cores). A rank
+    hosted in the caller's process, or built by a Ray actor, keeps that process's setting. >= 1."""
     seed: int = 0
     """Seeds torch/numpy/random in every rank (rank added), so runs repeat."""
     timeout_s: float = 600.0

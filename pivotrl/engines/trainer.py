@@ -37,7 +37,8 @@ API (every call blocks until all ranks finish it):
 
 Spawned ranks re-import the caller's `__main__` module (multiprocessing's spawn start method), so
 a script that builds a multi-rank `Trainer` must do so under `if __name__ == "__main__":`. A hosted
-rank (world_size 1) applies `cfg.num_threads` to this process's torch.
+rank (world_size 1) keeps this process's torch thread count, and seeds this process's torch, numpy
+and `random` generators with `cfg.seed` when built (and restores them from a checkpoint on load).
 
 `publish(version, state_dict)` is called in this process after every step that changed the
 weights, with the full state dict at the new version. It is where the GPS write plugs in.

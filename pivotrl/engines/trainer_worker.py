@@ -151,7 +151,8 @@ class TrainerWorker:
         if device is None:
             device = f"cuda:{torch.cuda.current_device()}" if kind == "cuda" else "cpu"
         self.device = torch.device(device)
-        torch.set_num_threads(cfg.num_threads)
+        # Threads are the process owner's business (spawned rank, Ray actor, hosting caller); the
+        # RNGs are seeded here because a rank's random streams are part of its checkpoint.
         self._seed_all(cfg.seed + self.rank)
 
         if not (self.model_path / "config.json").is_file():
