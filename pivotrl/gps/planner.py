@@ -147,23 +147,35 @@ def plan_read(spec: ModelSpec, devices: Sequence[Device], layout: Layout, placem
     new = tuple.__new__  # skips NamedTuple's Python-level __new__: a third of a 72B plan's time
     # atoms depend only on the rank's tensors, shared by DP replicas: compute once per tuple
     atom_cache: dict[int, list] = {}
+    k = placement.k
+    split_cache: dict[tuple[int, int], tuple[list, list]] = {}
     for di, dev in enumerate(devices):
         tensors = shards[di]
-        atoms = atom_cache.get(id(tensors))
-        if atoms is None:
-            atoms = [(lt.name, a) for lt in tensors for a in _atoms(spec, placement, lt)]
-            atom_cache[id(tensors)] = atoms
         node = dev.node
-        for name, (j, src, sbox, dbox, nb) in atoms:
-            cands = holders[j]
-            if len(cands) == 1 or (prefer_local and placement.chunk_of(node) == j):
-                h = cands[0] if len(cands) == 1 else node
-            else:
-                h, best = -1, float("inf")
-                for c in cands:
-                    f = load[c] + nb / (lbw if c == node else rbw) + ov
-                    if f < best:
-                        h, best = c, f
+        mine = node % k if prefer_local else -1
+        split = split_cache.get((id(tensors), mine))
+        if split is None:
+            atoms = atom_cache.get(id(tensors))
+            if atoms is None:
+                atoms = [(lt.name, a) for lt in tensors for a in _atoms(spec, placement, lt)]
+                atom_cache[id(tensors)] = atoms
+            # forced: the chunk has one holder, or a node-local one is preferred; no choice to make
+            forced = [(n, a) for n, a in atoms if a[0] == mine or len(holders[a[0]]) == 1]
+            choice = [(n, a) for n, a in atoms if not (a[0] == mine or len(holders[a[0]]) == 1)]
+            split = split_cache[(id(tensors), mine)] = (forced, choice)
+        forced, choice = split
+        if forced:
+            hs = [node if a[0] == mine else holders[a[0]][0] for _, a in forced]
+            for h, (_, a) in zip(hs, forced):
+                load[h] += a[4] / (lbw if h == node else rbw) + ov
+            transfers.extend([new(Transfer, (di, n, a[3], a[1], a[0], a[2], h, a[4]))
+                              for h, (n, a) in zip(hs, forced)])
+        for name, (j, src, sbox, dbox, nb) in choice:
+            h, best = -1, float("inf")
+            for c in holders[j]:
+                f = load[c] + nb / (lbw if c == node else rbw) + ov
+                if f < best:
+                    h, best = c, f
             load[h] += nb / (lbw if h == node else rbw) + ov
             transfers.append(new(Transfer, (di, name, dbox, src, j, sbox, h, nb)))
     return Plan("read", devices, layout, shards, transfers, load)
