@@ -261,3 +261,14 @@ def test_frozen_model_takes_one_initial_load(make_store):
     with pytest.raises(FrozenModelError):
         store.load_state_dict("genrm", SD)
     assert store.live_versions("genrm") == [0]
+
+
+def test_plan_cache_by_signature(make_store):
+    store = make_store(2, plan_cache_size=2)
+    store.register("policy", TINY, state_dict=SD)
+    devs = [Device(0, 0), Device(1, 0)]
+    p = store.plan("read", "policy", devs, Layout(tp=2))
+    assert store.plan("read", "policy", list(devs), Layout(tp=2)) is p  # same signature: cached
+    assert store.plan("read", "policy", devs[::-1], Layout(tp=2)) is not p  # other device order
+    assert store.plan("write", "policy", devs, Layout(tp=2)) is not p
+    assert store.plan("read", "policy", devs, Layout(tp=2)) is not p  # evicted (cache of 2)
