@@ -415,7 +415,10 @@ class VLLMEngine:
             st = self._stat
             k = self._kv_tokens()
             out = EngineStats(
-                running=st.running if self._llm is not None else 0, waiting=st.waiting, kv_tokens=k,
+                # The stat logger reports vLLM's view as of its last output batch; never more
+                # sequences than are live here (a finished batch may not be recorded yet).
+                running=min(st.running, len(self._live)) if self._llm is not None else 0,
+                waiting=min(st.waiting, len(self._live)), kv_tokens=k,
                 kv_capacity_tokens=self._kv_capacity, version=self.version, memory_released=self._released,
                 generated_tokens=self._generated_total, reprefill_tokens=self._reprefill_total,
                 iterations=list(st.iters), prefills=list(st.prefills))
