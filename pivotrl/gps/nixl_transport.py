@@ -17,7 +17,7 @@ import uuid
 import torch
 
 from pivotrl.config.gps import GPSConfig
-from pivotrl.gps.transports import BufferRef, ShmTransport
+from pivotrl.gps.transports import BufferRef, ShmTransport, copy_into
 
 
 def nixl_available() -> bool:
@@ -71,7 +71,7 @@ class NixlTransport(ShmTransport):
         batches: dict[str, tuple[list, list]] = {"READ": ([], []), "WRITE": ([], [])}
         for s, d in pairs:
             if not (s.is_contiguous() and d.is_contiguous() and s.numel()):
-                d.copy_(s)
+                copy_into(d, s)
             elif self._in_gps(s):  # read: device tensor d pulls from GPS memory s
                 batches["READ"][0].append(d)
                 batches["READ"][1].append(s)
@@ -95,7 +95,7 @@ class NixlTransport(ShmTransport):
                 end = ptr + n
         idx = [i for i, t in enumerate(local) if (t.data_ptr(), t.numel() * t.element_size()) in keep]
         for i in set(range(len(local))) - set(idx):
-            (remote[i].copy_(local[i]) if op == "WRITE" else local[i].copy_(remote[i]))
+            copy_into(remote[i], local[i]) if op == "WRITE" else copy_into(local[i], remote[i])
         if not idx:
             return
         dev = self.device_agent

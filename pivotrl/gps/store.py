@@ -27,7 +27,7 @@ from pivotrl.gps.errors import ShardMismatchError
 from pivotrl.gps.layout import Layout, ModelSpec, TensorSpec, validate_layout
 from pivotrl.gps.placement import ChunkLayout, Placement
 from pivotrl.gps.planner import Device, LinkProfile, Plan, plan_read, plan_write
-from pivotrl.gps.transports import (BufferRef, SliceItem, Transport, box_slices, chunk_view, dtype_name,
+from pivotrl.gps.transports import (BufferRef, SliceItem, Transport, box_slices, chunk_view, copy_into, dtype_name,
                                     make_transport, torch_dtype)
 from pivotrl.gps.versions import VersionTable
 
@@ -231,7 +231,7 @@ class GlobalParameterStore:
                 if t.dst not in sd:  # zero-copy asked, but the bytes had to cross nodes
                     sd[t.dst] = src
                 else:
-                    sd[t.dst][box_slices(t.dst_box)].copy_(src)
+                    copy_into(sd[t.dst][box_slices(t.dst_box)], src)
         return res
 
     # -- write --------------------------------------------------------------------------------
