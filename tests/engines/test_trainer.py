@@ -130,6 +130,46 @@ def test_log_probs_match_plain_transformers(model_path):
         torch.testing.assert_close(torch.tensor(lp), want, atol=1e-5, rtol=1e-5)
 
 
+def test_one_step_equals_a_plain_pytorch_grpo_update(model_path):
+    """An independent GRPO step written out with plain transformers + torch.optim, no FSDP: same
+    loss, same grad norm, same updated weights."""
+    from transformers import AutoModelForCausalLM
+
+    from pivotrl.rl.advantages import compute_advantages
+    from pivotrl.rl.losses import policy_loss
+
+    cfg = _cfg(grad_clip=0.5)
+    b = _batch(1)
+    with Trainer(cfg, model_path) as tr:
+        m = tr.step(b)
+        got = tr.state_dict()
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).requires_grad_(False)
+
+    def token_logp(mdl, p, r):
+        logits = mdl(input_ids=torch.tensor([p + r])).logits[0, len(p) - 1 : len(p) + len(r) - 1]
+        return torch.log_softmax(logits, -1).gather(1, torch.tensor(r)[:, None])[:, 0]
+
+    R = max(len(r) for r in b.response_ids)
+    logp, ref_lp, old, mask = (torch.zeros(len(b), R) for _ in range(4))
+    for i, (p, r) in enumerate(zip(b.prompt_ids, b.response_ids)):
+        logp[i, : len(r)] = token_logp(model, p, r)
+        ref_lp[i, : len(r)] = token_logp(ref, p, r)
+        old[i, : len(r)] = torch.tensor(b.old_log_probs[i])
+        mask[i, : len(r)] = 1.0
+    adv = torch.as_tensor(compute_advantages("grpo", b.rewards, b.group_ids))
+    loss, _ = policy_loss("ppo_clip", logp, old, adv, mask, clip_ratio_low=cfg.clip_ratio_low,
+                          clip_ratio_high=cfg.clip_ratio_high, ref_log_probs=ref_lp, kl_coef=cfg.kl_coef)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                      eps=cfg.adam_eps, weight_decay=cfg.weight_decay).step()
+    assert m["loss"] == pytest.approx(float(loss.detach()), rel=1e-5)
+    assert m["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
+    _assert_state_close(got, {k: v for k, v in model.state_dict().items() if k in got}, atol=1e-4)
+
+
 def test_offload_reload_round_trips_exactly(model_path):
     with Trainer(_cfg(), model_path) as tr:
         tr.step(_batch(1))
