@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pivotrl.config.engine import EngineConfig
 from pivotrl.engines.cpu_engine import CPUEngine
@@ -218,3 +220,66 @@ def test_release_and_reacquire_memory(engine, tiny_dir_b, uninterrupted, prompts
     engine.reacquire_memory(sd_b, version=3)  # as from a GPS read
     out = engine.generate(_reqs(prompts[:1]))[0]
     assert out.version == 3 and out.token_ids != uninterrupted[0].token_ids
+
+
+def test_abort_from_another_thread_while_driver_steps(engine, uninterrupted, prompts):
+    """The Ray-actor shape: one thread drives `step()`, another aborts and resumes."""
+    import threading
+    import time
+
+    done, stop = {}, threading.Event()
+
+    def drive():
+        while not stop.is_set():
+            for c in engine.step():
+                done[c.seq_id] = c
+
+    for r in _reqs(prompts):
+        engine.submit(r)
+    t = threading.Thread(target=drive)
+    t.start()
+    try:
+        while not any(len(v) >= 4 for v in engine.snapshot().values()):
+            time.sleep(0.001)
+        aborted = engine.abort([0, 1, 2])
+        for sid, toks in aborted.items():
+            assert toks == uninterrupted[sid].token_ids[:len(toks)]
+            engine.submit(GenerationRequest(sid, prompts[sid], GREEDY, generated=toks))
+        while len(done) < len(prompts):
+            time.sleep(0.001)
+    finally:
+        stop.set()
+        t.join()
+    assert [done[i].token_ids for i in range(len(prompts))] == [c.token_ids for c in uninterrupted]
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plan=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3), st.sets(st.integers(0, 5))),
+                     min_size=1, max_size=6))
+def test_random_abort_resume_schedules_never_change_greedy_output(engine, uninterrupted, prompts, plan):
+    """Property: any schedule of submits, steps, aborts and resumes gives the uninterrupted greedy
+    tokens, and a sequence's token count never decreases across an abort."""
+    engine.abort()
+    engine.stats()
+    held: dict[int, list[int]] = {}  # aborted, waiting to be resumed
+    submitted: set[int] = set()
+    done = {}
+    for submit_id, steps, abort_ids in plan:
+        if submit_id not in submitted:
+            engine.submit(GenerationRequest(submit_id, prompts[submit_id], GREEDY))
+            submitted.add(submit_id)
+        for sid in list(held):  # resume what an earlier round aborted
+            engine.submit(GenerationRequest(sid, prompts[sid], GREEDY, generated=held.pop(sid)))
+        for _ in range(steps):
+            done.update({c.seq_id: c for c in engine.step()})
+        before = engine.snapshot()
+        for sid, toks in engine.abort(abort_ids).items():
+            assert len(toks) >= len(before.get(sid, [])) and toks == before[sid]
+            held[sid] = toks
+    for sid, toks in held.items():
+        engine.submit(GenerationRequest(sid, prompts[sid], GREEDY, generated=toks))
+    while engine.has_unfinished():
+        done.update({c.seq_id: c for c in engine.step()})
+    assert sorted(done) == sorted(submitted)
+    for sid, c in done.items():
+        assert c.token_ids == uninterrupted[sid].token_ids, sid

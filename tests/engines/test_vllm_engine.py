@@ -96,6 +96,13 @@ def test_seeded_sampling_reproducible(veng, prompts):
     assert a == b and len(a) == 12
 
 
+def test_bad_model_folder_names_it(tmp_path):
+    from pivotrl.engines.vllm_engine import VLLMEngine
+
+    with pytest.raises(ValueError, match=r"model folder '.*nowhere'"):
+        VLLMEngine(tmp_path / "nowhere")
+
+
 @pytest.mark.slow
 def test_release_and_reacquire_memory(veng, cpu_ref, prompts):
     veng.release_memory()  # CPU build: no sleep mode, so the engine process stops
