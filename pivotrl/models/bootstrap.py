@@ -46,7 +46,7 @@ from pivotrl.rl.genrm import judge_messages, parse_score, reference_judgement, P
 from pivotrl.rl.rewards import extract_answer, verifiable_score
 
 # Bump when the SFT recipe changes in a way the config does not capture, to invalidate caches.
-BOOTSTRAP_VERSION = 1
+BOOTSTRAP_VERSION = 2
 
 
 @dataclass
@@ -203,7 +203,7 @@ def evaluate_genrm(model, tok, examples: list[Example], responses: list[str], ma
 
 def _build(cfg: BootstrapConfig, out: Path, progress: bool) -> dict:
     torch.set_num_threads(cfg.num_threads)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     d = cfg.data
     train = write_parquet(generate_rows(d.num_train, "train", d.seed, d.min_operand, d.max_operand, d.ops),
                           out / "data" / "train.parquet")
@@ -243,6 +243,8 @@ def _build(cfg: BootstrapConfig, out: Path, progress: bool) -> dict:
     report["genrm_on_policy_samples"] = evaluate_genrm(models["genrm"], tok, val_ex, responses)
     report["eval_seconds"] = time.perf_counter() - t
     report["total_seconds"] = time.perf_counter() - t0
+    # CPU seconds of this process: on a shared machine wall time depends on the neighbours.
+    report["total_cpu_seconds"] = time.process_time() - cpu0
     (out / "report.json").write_text(json.dumps(report, indent=2))
     return report
 
@@ -306,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     g = r["genrm_on_policy_samples"]
     print(f"cache entry: {res.policy_path.parent} ({'reused' if res.cached else 'built'})")
     print(f"bootstrap seconds: {r['total_seconds']:.1f} (policy SFT {r['policy_sft_seconds']:.1f}, "
-          f"GenRM SFT {r['genrm_sft_seconds']:.1f}, eval {r['eval_seconds']:.1f})")
+          f"GenRM SFT {r['genrm_sft_seconds']:.1f}, eval {r['eval_seconds']:.1f}); "
+          f"process CPU seconds {r.get('total_cpu_seconds', float('nan')):.1f}")
     print(f"policy val accuracy: sampled(T=1) {r['policy_val_accuracy_sampled_t1']:.3f}, "
           f"greedy {r['policy_val_accuracy_greedy']:.3f}")
     print(f"GenRM on policy samples: agreement {g['agreement']:.3f}, AUC {g['auc']:.3f}, "

@@ -7,8 +7,8 @@ Why character level: the project has no pretrained tokenizer (no internet), and 
 problems need only printable ASCII. One token per character also makes digits their own tokens,
 which is what lets a tiny model learn arithmetic at all.
 
-The tokenizer is a plain `transformers.PreTrainedTokenizerFast` backed by a `tokenizers`
-WordLevel model, so `AutoTokenizer.from_pretrained(folder)` loads it, and so does vLLM (which uses
+The tokenizer is a `transformers.PreTrainedTokenizerFast` backed by a `tokenizers` byte-level
+BPE model with no merges (one token per character; see `build_tokenizer` for why), so `AutoTokenizer.from_pretrained(folder)` loads it, and so does vLLM (which uses
 `AutoTokenizer`). The chat template renders verl-style `prompt` messages as
 
     <|user|>{content}<|eos|><|assistant|>{response}<|eos|>
@@ -26,7 +26,7 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 PAD_TOKEN = "<|pad|>"
@@ -50,16 +50,38 @@ CHAT_TEMPLATE = (
 )
 
 
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2's reversible byte -> printable-unicode table (the one ByteLevel uses).
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+_BYTE_TO_UNICODE = _bytes_to_unicode()
+
+
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    """The character-level tokenizer (same vocabulary and ids every call)."""
+    """The character-level tokenizer (same vocabulary and ids every call).
+
+    Why byte-level BPE with no merges rather than a plain WordLevel model: `AutoTokenizer` in
+    transformers 5 ignores the saved tokenizer class for a folder whose config says
+    `model_type: qwen2` and builds a `Qwen2Tokenizer` (byte-level BPE pipeline) from
+    tokenizer.json's vocabulary. Storing each character under its byte-level name and using that
+    same pipeline makes the tokenizer we build here and the one transformers/vLLM load from a model
+    folder produce identical ids (tests/models/test_tokenizer.py asserts it)."""
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for ch in CHARACTERS:
-        vocab[ch] = len(vocab)
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
-    # Every character (newline included) is its own piece; special tokens are matched before this.
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    # Fuse joins the pieces back with no separator, so decode(encode(s)) == s.
-    core.decoder = decoders.Fuse()
+        vocab[_BYTE_TO_UNICODE[ord(ch)]] = len(vocab)
+    # No merges: every character stays its own token.
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK_TOKEN))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
     core.add_special_tokens(list(SPECIAL_TOKENS))
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core,

@@ -27,7 +27,24 @@ def test_round_trip_is_lossless_one_token_per_char() -> None:
 
 def test_unknown_char_maps_to_unk() -> None:
     tok = build_tokenizer()
-    assert tok.encode("é", add_special_tokens=False) == [tok.unk_token_id]
+    # Byte level: a 2-byte UTF-8 character is two unknown bytes.
+    assert tok.encode("é", add_special_tokens=False) == [tok.unk_token_id] * 2
+
+
+def test_model_folder_tokenizer_matches(tmp_path) -> None:
+    """transformers 5 loads a qwen2 model folder's tokenizer as `Qwen2Tokenizer` whatever the saved
+    class says; its ids must still equal ours (this once dropped every space and newline)."""
+    from pivotrl.models.tiny import TinyModelConfig, create_tiny_model
+
+    path = create_tiny_model(tmp_path / "m", TinyModelConfig(hidden_size=32, num_heads=2, num_kv_heads=1))
+    loaded, ours = AutoTokenizer.from_pretrained(str(path)), build_tokenizer()
+    for text in (CHARACTERS, "Tom has 12 apples.\n  He eats 3!  How many?\n\n#### 9", " lead", "a  b\n\nc"):
+        ids = loaded.encode(text, add_special_tokens=False)
+        assert ids == ours.encode(text, add_special_tokens=False)
+        assert len(ids) == len(text) and loaded.decode(ids) == text
+    msgs = [{"role": "user", "content": "Ann had 4 pens. How many?"}]
+    assert (loaded.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False)
+            == ours.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False))
 
 
 def test_special_tokens_and_chat_template() -> None:
