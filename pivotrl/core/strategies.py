@@ -15,13 +15,18 @@ ablations differ only in how inference devices move:
   first half to rollout and second half to reward, as `Decision.chosen` (rollout) +
   `Decision.extra` (reward); neither has a shift-down, so they can run at once. Nothing else moves.
 * `rule`: KV utilisation. The inference role whose utilisation is above `rule_up_kv` (the higher
-  one if both; a role with work and no replica counts as full) shifts up onto every slot whose
-  devices are free, held by idle training, or held by replicas of the other role whose utilisation
-  is below `rule_down_kv` (those shift down). A lone shift down with nobody to take the devices
-  would only idle them, so the rule shifts down only as part of a shift up.
+  one if both; a role with work and no replica, or with a queue, counts as full) shifts up onto
+  every slot whose devices are free or held by idle training, and onto slots held by replicas of
+  the other role if that role's utilisation is below `rule_down_kv`. The cold role gives up only
+  replicas it does not need: it keeps enough to hold its cached tokens under `rule_up_kv` (at least
+  one while it has work), least-loaded replicas go first. Without that floor the two roles
+  ping-pong every tick (each shift leaves the loser with work and no replica, i.e. "full"). A lone
+  shift down with nobody to take the devices would only idle them, so the rule shifts down only as
+  part of a shift up.
 """
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 from pivotrl.config.planner import PlannerConfig
@@ -135,18 +140,42 @@ class RuleStrategy:
         cold = util[other] < self.cfg.rule_down_kv
         train_idle = view.train.holds_devices and not view.train.running and not view.train.batch_ready
 
+        # the cold role gives up only the replicas it does not need: it keeps enough to hold its
+        # cached tokens below rule_up_kv (and at least one while it has work), so a shift never
+        # makes it hot in turn (no ping-pong)
+        osched = view.schedulers[other]
+        n_other = len(view.active.get(other, []))
+        allowance = 0
+        if cold and n_other:
+            caps = [r.kv_capacity for r in osched.replicas.values()] or [1]
+            used = sum(r.k for r in osched.replicas.values())
+            keep = math.ceil(used / (self.cfg.rule_up_kv * (sum(caps) / len(caps))))
+            keep = max(keep, 1 if N[other] > 0 else 0)
+            allowance = max(0, n_other - keep)
+
         def allowed(u: Slot) -> bool:
-            return (u.role == Role.TRAIN and train_idle) or (u.role == other and cold)
+            return (u.role == Role.TRAIN and train_idle) or (u.role == other and allowance > 0)
 
         units = device_units(view)
-        ups, downs = [], set()
+        options = []
         for s in role_slots(up, view.tp[up], view.num_devices):
             blk = _free_or(view, s, units, allowed)
             if blk is not None:
-                ups.append(s)
-                downs |= blk
+                victims = [b for b in blk if b.role == other]
+                load = sum(osched.replicas[b.slot_id].k for b in victims if b.slot_id in osched.replicas)
+                options.append((len(victims) > 0, load, s.first_device, s, blk, victims))
+        options.sort(key=lambda o: o[:3])  # free / idle-training slots first, then the least loaded
+        ups, downs, taken = [], set(), set()
+        for _, _, _, s, blk, victims in options:
+            new = [v for v in victims if v not in taken]
+            if len(taken) + len(new) > allowance:
+                continue
+            taken |= set(new)
+            ups.append(s)
+            downs |= blk
         if not ups:
             return Decision(view.now, up, t_now, [], None, f"rule: {up.value} is hot but no device can move")
+        ups.sort(key=lambda s: s.first_device)
         plan = _plan(up, ups, downs, view, rT)
         return Decision(view.now, up, t_now, [], plan,
                         f"rule: {up.value} KV {util[up]:.2f} > {self.cfg.rule_up_kv}; {other.value} KV {util[other]:.2f}")

@@ -55,8 +55,10 @@ def test_rule_uses_kv_thresholds():
     v = view(num=16, ro=range(8), rm=[8], n_ro=1, n_rm=2000)
     d = rule.decide(v)
     assert d.role_up == Role.REWARD
-    assert {s.first_device for s in d.chosen.up} == {0, 4, 12}
-    assert {s.role for s in d.chosen.down} == {Role.ROLLOUT}
+    # rollout keeps the one replica its sequence runs on (rollout@0); its idle replicas 4..7 go
+    assert {s.first_device for s in d.chosen.up} == {4, 12}
+    assert [s.first_device for s in d.chosen.down] == [4, 5, 6, 7]
+    assert v.schedulers[Role.ROLLOUT].where(0) == "rollout@0x1"
     # rollout busy (above rule_down_kv): its devices stay; only free ones move
     v = view(num=16, ro=range(8), rm=[8], n_ro=1000, n_rm=2000)
     d = rule.decide(v)
@@ -73,3 +75,15 @@ def test_vanilla_is_zero_one_without_migration():
     assert d.t_now <= 16  # throughputs are replica counts
     piv = make_strategy(PlannerConfig(strategy="pivot", migration=False))
     assert piv.migration is False and not piv.zero_one
+
+
+def test_rule_does_not_ping_pong():
+    """Each role alone on the cluster with a trickle of work: the cold one keeps a replica, so the
+    other never finds it replica-less ("full") on the next tick."""
+    rule = make_strategy(PlannerConfig(strategy="rule"))
+    v = view(num=16, ro=range(16), n_ro=3, n_rm=5)  # reward has work and no replica: infinitely hot
+    d = rule.decide(v)
+    assert d.role_up == Role.REWARD and d.chosen is not None
+    lost = {s.slot_id for s in d.chosen.down}
+    kept = [s for s in v.active[Role.ROLLOUT] if s.slot_id not in lost]
+    assert kept and all(v.schedulers[Role.ROLLOUT].where(i) in {s.slot_id for s in kept} for i in range(3))
