@@ -295,6 +295,7 @@ class TrainerWorker:
             raise ValueError("every fresh sample in TrainBatch.response_ids is empty: nothing to train on")
         lengths = np.asarray([len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)])
         micro = self._micro_batches(fresh, lengths)
+        self.optimizer.zero_grad(set_to_none=True)  # a step that raised half-way left gradients
         # loss, pg_loss, kl, then token-weighted clipfrac, approx_kl, ratio and entropy sums
         sums = torch.zeros(7, dtype=torch.float64)
         for k, mb in enumerate(micro):
