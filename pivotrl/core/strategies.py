@@ -13,7 +13,10 @@ ablations differ only in how inference devices move:
 * `static`: only the devices idle training holds (or frees) move, split evenly between rollout and
   reward: idle training first shifts down (a plan with no shift-up), then the free home devices go,
   first half to rollout and second half to reward, as `Decision.chosen` (rollout) +
-  `Decision.extra` (reward); neither has a shift-down, so they can run at once. Nothing else moves.
+  `Decision.extra` (reward); neither has a shift-down, so they can run at once. Nothing else moves,
+  so a controller must start static from its base allocation, `initial_plans(...)` (the
+  disaggregated split of the non-home devices). Strategies without `initial_plans` leave the start
+  to the controller.
 * `rule`: KV utilisation. The inference role whose utilisation is above `rule_up_kv` (the higher
   one if both; a role with work and no replica, or with a queue, counts as full) shifts up onto
   every slot whose devices are free or held by idle training, and onto slots held by replicas of
@@ -30,8 +33,8 @@ import math
 from typing import Protocol
 
 from pivotrl.config.planner import PlannerConfig
-from pivotrl.core.planner import (ClusterView, Decision, PivotPlanner, ShiftPair, device_units, eq1_throughput,
-                                  role_slots, training_decision)
+from pivotrl.core.planner import (ClusterView, Decision, PivotPlanner, device_units, eq1_throughput, role_slots,
+                                  training_decision)
 from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
 
 
@@ -82,6 +85,21 @@ class StaticStrategy:
     def __init__(self, cfg: PlannerConfig) -> None:
         self.cfg = cfg
         self.migration = cfg.migration
+
+    def initial_plans(self, num_devices: int, tp: dict[Role, int], home: tuple[int, ...]) -> list[ShiftPlan]:
+        """The base allocation static moves around: the disaggregated split of the devices outside
+        the training home, half rollout (first half), half reward (paper Table 4 gives RO = RM in
+        every group). Static never moves these, so a controller must start from them; starting
+        from all-rollout (pivot's start) would leave reward without devices forever."""
+        homeset = set(home)
+        rest = [d for d in range(num_devices) if d not in homeset]
+        half = len(rest) // 2
+        plans = []
+        for role, devs in ((Role.ROLLOUT, set(rest[:half])), (Role.REWARD, set(rest[half:]))):
+            ups = [s for s in role_slots(role, tp[role], num_devices) if set(s.devices) <= devs]
+            if ups:
+                plans.append(ShiftPlan(role, up=ups))
+        return plans
 
     def decide(self, view: ClusterView) -> Decision:
         view.validate()
@@ -207,4 +225,4 @@ def make_strategy(cfg: PlannerConfig) -> Strategy:
     return cls(cfg)
 
 
-__all__ = ["STRATEGIES", "Strategy", "make_strategy", "ShiftPair"]
+__all__ = ["STRATEGIES", "Strategy", "make_strategy"]

@@ -87,3 +87,11 @@ def test_rule_does_not_ping_pong():
     lost = {s.slot_id for s in d.chosen.down}
     kept = [s for s in v.active[Role.ROLLOUT] if s.slot_id not in lost]
     assert kept and all(v.schedulers[Role.ROLLOUT].where(i) in {s.slot_id for s in kept} for i in range(3))
+
+
+def test_static_initial_plans_split_non_home_devices():
+    st = make_strategy(PlannerConfig(strategy="static"))
+    plans = st.initial_plans(32, {Role.ROLLOUT: 1, Role.REWARD: 4}, tuple(range(24, 32)))
+    assert [(p.role_up, len(p.up), sum(s.tp for s in p.up)) for p in plans] == [
+        (Role.ROLLOUT, 12, 12), (Role.REWARD, 3, 12)]
+    assert all(s.first_device < 24 for p in plans for s in p.up)
