@@ -96,8 +96,8 @@ def test_policy_loss_adds_weighted_kl():
     kl = aggregate(kl_penalty(logp, ref, "k3"), mask, "token-mean")
     total, m = policy_loss("ppo_clip", logp, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28,
                            ref_log_probs=ref, kl_coef=0.1, kl_estimator="k3")
-    assert float(total.detach()) == pytest.approx(float(pg.detach()) + 0.1 * float(kl), abs=1e-6)
-    assert float(m["pg_loss"]) == pytest.approx(float(pg.detach())) and float(m["kl"]) == pytest.approx(float(kl))
+    assert float(total.detach()) == pytest.approx(float(pg.detach()) + 0.1 * float(kl.detach()), abs=1e-6)
+    assert float(m["pg_loss"]) == pytest.approx(float(pg.detach())) and float(m["kl"]) == pytest.approx(float(kl.detach()))
 
 
 def test_huge_ratio_stays_finite():
