@@ -1,8 +1,9 @@
 """The GRPO trainer's driver: one object that runs an FSDP2 policy update over N ranks.
 
-Owns: starting the rank processes (or hosting a single rank in this process), sending every rank
-the same command, collecting replies and errors, publishing weights after each step, and naming
-checkpoint folders. The rank-local work (model, optimizer, loss, offload, checkpoint I/O) is
+Owns: the batch contract (`TrainBatch`), joining a process group (`init_process_group`,
+`resolve_device`), starting the rank processes (or hosting a single rank in this process), sending
+every rank the same command, collecting replies and errors, publishing weights after each step,
+and naming checkpoint folders. The rank-local work (model, optimizer, loss, offload, checkpoint I/O) is
 `pivotrl.engines.trainer_worker.TrainerWorker`; a Ray actor per device can host one of those
 instead of the processes started here.
 
@@ -57,19 +58,105 @@ import re
 import shutil
 import tempfile
 import traceback
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Hashable, Protocol
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from pivotrl.config.trainer import TrainerConfig
-from pivotrl.engines.trainer_worker import TrainBatch, TrainerWorker, init_process_group, resolve_device
 
-__all__ = ["Trainer", "TrainBatch", "TrainerError", "WeightPublisher", "checkpoint_dir", "latest_checkpoint"]
+if TYPE_CHECKING:
+    from pivotrl.engines.trainer_worker import TrainerWorker
+
+__all__ = [
+    "Trainer", "TrainBatch", "TrainerError", "WeightPublisher", "checkpoint_dir", "latest_checkpoint",
+    "init_process_group", "resolve_device",
+]
 
 _CKPT_RE = re.compile(r"^step_(\d+)$")
+
+
+@dataclass
+class TrainBatch:
+    """Samples for one policy update. Lists are per sample, all of the same length.
+
+    - `prompt_ids` / `response_ids`: token ids (no padding). Prompts must be non-empty; the loss
+      covers response tokens only.
+    - `versions`: the policy version that generated each sample (for the staleness bound).
+    - Either `advantages` (one scalar per sample, broadcast to its response tokens) or `rewards` +
+      `group_ids` (samples of one prompt share a group id; the trainer's estimator computes the
+      advantages over the whole batch *before* stale samples are dropped, so a group's baseline
+      does not depend on which of its samples are still fresh).
+    - `old_log_probs`: per response token, from the behaviour policy (e.g. the rollout engine).
+      When None, the current policy's own log-probs are used, detached: with one optimizer step
+      per batch that is exactly verl's "recompute old log-probs before the update", so the ratio
+      is 1 and PPO-clip reduces to the policy gradient. Pass them for stale samples if the
+      importance ratio should correct for staleness.
+    """
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    versions: list[int]
+    rewards: list[float] | None = None
+    group_ids: list[Hashable] | None = None
+    advantages: list[float] | None = None
+    old_log_probs: list[list[float]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ValueError naming the field that is missing, ragged or malformed (and, given
+        `vocab_size`, holding a token id outside the model's vocabulary)."""
+        n = len(self.prompt_ids)
+        if n == 0:
+            raise ValueError("TrainBatch.prompt_ids is empty: a batch needs at least one sample")
+        for name in ("response_ids", "versions", "rewards", "group_ids", "advantages", "old_log_probs"):
+            v = getattr(self, name)
+            if v is not None and len(v) != n:
+                raise ValueError(f"TrainBatch.{name} has {len(v)} entries, prompt_ids has {n}")
+        if self.advantages is None and (self.rewards is None or self.group_ids is None):
+            raise ValueError("TrainBatch needs either advantages, or rewards and group_ids")
+        for i, p in enumerate(self.prompt_ids):
+            if len(p) == 0:
+                raise ValueError(f"TrainBatch.prompt_ids[{i}] is empty (a prompt needs >= 1 token)")
+        if vocab_size is not None:
+            for name in ("prompt_ids", "response_ids"):
+                for i, ids in enumerate(getattr(self, name)):
+                    if ids and (min(ids) < 0 or max(ids) >= vocab_size):
+                        raise ValueError(f"TrainBatch.{name}[{i}] has a token id outside [0, {vocab_size})")
+        if self.old_log_probs is not None:
+            for i, (r, lp) in enumerate(zip(self.response_ids, self.old_log_probs)):
+                if len(r) != len(lp):
+                    raise ValueError(
+                        f"TrainBatch.old_log_probs[{i}] has {len(lp)} entries, response_ids[{i}] has {len(r)}"
+                    )
+
+
+def resolve_device(cfg: TrainerConfig) -> tuple[str, str]:
+    """(device kind, backend) from `cfg.device` / `cfg.backend`, resolving `auto`."""
+    kind = cfg.device
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError("TrainerConfig.device='cuda' but CUDA is not available; use 'cpu' or 'auto'")
+    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if kind == "cuda" else "gloo")
+    return kind, backend
+
+
+def init_process_group(rank: int, world_size: int, init_method: str, backend: str, timeout_s: float = 600.0) -> None:
+    """Join the default process group (`init_method`: a `file://` or `tcp://` URL shared by all ranks)."""
+    dist.init_process_group(
+        backend=backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
 
 
 class TrainerError(RuntimeError):
@@ -104,6 +191,8 @@ def _rank_main(rank: int, cfg: TrainerConfig, model_path: str, init_method: str,
     """Entry of a spawned rank: join the group, build the worker, then serve commands until
     'close'. Only rank 0's return values travel back; other ranks send None."""
     try:
+        from pivotrl.engines.trainer_worker import TrainerWorker
+
         torch.set_num_threads(cfg.num_threads)
         device = None
         if resolve_device(cfg)[0] == "cuda":
@@ -155,7 +244,7 @@ class Trainer:
         self._broken: str | None = None
         self._version = 0
         self._procs: list[Any] = []
-        self._local: TrainerWorker | None = None
+        self._local: "TrainerWorker | None" = None
         self._owns_group = False
         try:
             if self._spawn:
@@ -173,6 +262,8 @@ class Trainer:
                 if dist.is_initialized():
                     raise RuntimeError("this process already has a default process group; a hosted "
                                        "trainer rank needs its own (close the other trainer, or spawn=True)")
+                from pivotrl.engines.trainer_worker import TrainerWorker
+
                 init_process_group(0, 1, init_method, backend, cfg.timeout_s)
                 self._owns_group = True
                 self._local = TrainerWorker(cfg, self.model_path)
@@ -226,7 +317,7 @@ class Trainer:
         return self._version
 
     @property
-    def worker(self) -> TrainerWorker | None:
+    def worker(self) -> "TrainerWorker | None":
         """The hosted rank's `TrainerWorker` (spawn=False), for inspection in tests; None when the
         ranks run in spawned processes."""
         return self._local

@@ -4,13 +4,14 @@ Owns: the sharded policy (`fully_shard` per decoder layer, then the root), its A
 the GRPO step (staleness filter, advantages, micro-batches, gradient accumulation, clipping), the
 full state dict for publishing, offload/reload of device memory, and sharded checkpoints.
 Does not own processes: the caller initialises the default process group first (with
-`init_process_group` below or its own), then builds a `TrainerWorker` and calls the same method on
-every rank in the same order (every method is collective). `pivotrl.engines.trainer.Trainer` does
-that with spawned processes; a Ray actor per device can do the same, one rank per actor.
+`init_process_group`, re-exported here, or its own), then builds a `TrainerWorker` and calls the
+same method on every rank in the same order (every method is collective).
+`pivotrl.engines.trainer.Trainer` does that with spawned processes; a Ray actor per device can do
+the same, one rank per actor.
 
-Batch semantics are documented on `TrainBatch`; the step's arithmetic lives in
-`pivotrl.rl.advantages` and `pivotrl.rl.losses`. CPU and GPU differ only in `device` and the
-collective backend (gloo or NCCL).
+Batch semantics are documented on `pivotrl.engines.trainer.TrainBatch`; the step's arithmetic
+lives in `pivotrl.rl.advantages` and `pivotrl.rl.losses`. CPU and GPU differ only in `device` and
+the collective backend (gloo or NCCL). Checkpoints need a folder every rank can see.
 """
 from __future__ import annotations
 
@@ -20,10 +21,8 @@ import os
 import random
 import shutil
 import time
-from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
-from typing import Any, Hashable
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,91 +38,14 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from pivotrl.config.trainer import TrainerConfig
+# Re-exported: Ray actors import the batch type and the group launcher from here with the worker.
+from pivotrl.engines.trainer import TrainBatch, init_process_group, resolve_device  # noqa: F401
 from pivotrl.rl.advantages import compute_advantages
 from pivotrl.rl.losses import policy_loss
 
 # Files of a model folder that are weights; everything else (config, tokenizer, generation config)
 # is copied into the Hugging Face part of a checkpoint unchanged.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".safetensors.index.json", ".bin.index.json")
-
-
-@dataclass
-class TrainBatch:
-    """Samples for one policy update. Lists are per sample, all of the same length.
-
-    - `prompt_ids` / `response_ids`: token ids (no padding). Prompts must be non-empty; the loss
-      covers response tokens only.
-    - `versions`: the policy version that generated each sample (for the staleness bound).
-    - Either `advantages` (one scalar per sample, broadcast to its response tokens) or `rewards` +
-      `group_ids` (samples of one prompt share a group id; the trainer's estimator computes the
-      advantages over the whole batch *before* stale samples are dropped, so a group's baseline
-      does not depend on which of its samples are still fresh).
-    - `old_log_probs`: per response token, from the behaviour policy (e.g. the rollout engine).
-      When None, the current policy's own log-probs are used, detached: with one optimizer step
-      per batch that is exactly verl's "recompute old log-probs before the update", so the ratio
-      is 1 and PPO-clip reduces to the policy gradient. Pass them for stale samples if the
-      importance ratio should correct for staleness.
-    """
-
-    prompt_ids: list[list[int]]
-    response_ids: list[list[int]]
-    versions: list[int]
-    rewards: list[float] | None = None
-    group_ids: list[Hashable] | None = None
-    advantages: list[float] | None = None
-    old_log_probs: list[list[float]] | None = None
-
-    def __len__(self) -> int:
-        return len(self.prompt_ids)
-
-    def validate(self, vocab_size: int | None = None) -> None:
-        """Raise ValueError naming the field that is missing, ragged or malformed (and, given
-        `vocab_size`, holding a token id outside the model's vocabulary)."""
-        n = len(self.prompt_ids)
-        if n == 0:
-            raise ValueError("TrainBatch.prompt_ids is empty: a batch needs at least one sample")
-        for name in ("response_ids", "versions", "rewards", "group_ids", "advantages", "old_log_probs"):
-            v = getattr(self, name)
-            if v is not None and len(v) != n:
-                raise ValueError(f"TrainBatch.{name} has {len(v)} entries, prompt_ids has {n}")
-        if self.advantages is None and (self.rewards is None or self.group_ids is None):
-            raise ValueError("TrainBatch needs either advantages, or rewards and group_ids")
-        for i, p in enumerate(self.prompt_ids):
-            if len(p) == 0:
-                raise ValueError(f"TrainBatch.prompt_ids[{i}] is empty (a prompt needs >= 1 token)")
-        if vocab_size is not None:
-            for name in ("prompt_ids", "response_ids"):
-                for i, ids in enumerate(getattr(self, name)):
-                    if ids and (min(ids) < 0 or max(ids) >= vocab_size):
-                        raise ValueError(f"TrainBatch.{name}[{i}] has a token id outside [0, {vocab_size})")
-        if self.old_log_probs is not None:
-            for i, (r, lp) in enumerate(zip(self.response_ids, self.old_log_probs)):
-                if len(r) != len(lp):
-                    raise ValueError(
-                        f"TrainBatch.old_log_probs[{i}] has {len(lp)} entries, response_ids[{i}] has {len(r)}"
-                    )
-
-
-def resolve_device(cfg: TrainerConfig) -> tuple[str, str]:
-    """(device kind, backend) from `cfg.device` / `cfg.backend`, resolving `auto`."""
-    kind = cfg.device
-    if kind == "auto":
-        kind = "cuda" if torch.cuda.is_available() else "cpu"
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError("TrainerConfig.device='cuda' but CUDA is not available; use 'cpu' or 'auto'")
-    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if kind == "cuda" else "gloo")
-    return kind, backend
-
-
-def init_process_group(rank: int, world_size: int, init_method: str, backend: str, timeout_s: float = 600.0) -> None:
-    """Join the default process group (`init_method`: a `file://` or `tcp://` URL shared by all ranks)."""
-    dist.init_process_group(
-        backend=backend,
-        init_method=init_method,
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=timeout_s),
-    )
 
 
 def _storage_bytes(t: torch.Tensor) -> int:
@@ -525,7 +447,8 @@ class TrainerWorker:
     def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
         """Restore model, optimizer, version, counters and RNG from `path`; return its extra state.
         RNG is restored only when the checkpoint was written by the same world size (per-rank
-        streams do not map onto a different rank count)."""
+        streams do not map onto a different rank count). The KL reference is not in checkpoints:
+        it is always the initial policy at `model_path`, so resume with the same `model_path`."""
         self._require_loaded("load_checkpoint")
         path = Path(path)
         if not (path / "trainer_state.json").is_file():
