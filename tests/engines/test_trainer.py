@@ -170,6 +170,20 @@ def test_one_step_equals_a_plain_pytorch_grpo_update(model_path):
     _assert_state_close(got, {k: v for k, v in model.state_dict().items() if k in got}, atol=1e-4)
 
 
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batch_size_does_not_change_the_update(model_path, mode):
+    results = []
+    for mbs in (1, 4, 9):
+        with Trainer(_cfg(micro_batch_size=mbs, loss_agg_mode=mode), model_path) as tr:
+            m = tr.step(_batch(1))
+            results.append((m, tr.state_dict()))
+    (m0, sd0) = results[0]
+    assert [m["micro_batches"] for m, _ in results] == [9, 3, 1]
+    for m, sd in results[1:]:
+        assert m["loss"] == pytest.approx(m0["loss"], rel=1e-5) and m["grad_norm"] == pytest.approx(m0["grad_norm"], rel=1e-4)
+        _assert_state_close(sd, sd0, atol=1e-4)
+
+
 def test_offload_reload_round_trips_exactly(model_path):
     with Trainer(_cfg(), model_path) as tr:
         tr.step(_batch(1))
