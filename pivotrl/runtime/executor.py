@@ -48,6 +48,9 @@ class ParamSource:
 
     def __init__(self, store: Any) -> None:
         self.store = store
+        # policy version = GPS version + offset (non-zero only after a resume, where GPS restarts
+        # at 0 but the policy continues from its checkpoint's version)
+        self.offset: dict[str, int] = {}
         self._refs: dict[tuple[str, int], Any] = {}
         self._lock = threading.Lock()
 
@@ -68,10 +71,20 @@ class ParamSource:
         """Write a new version of `model` (atomic for readers); returns it. Names GPS does not
         store are dropped: a tied `lm_head.weight` is the embedding, which GPS already holds."""
         spec = self.store.spec(model)
-        return int(self.store.load_state_dict(model, {k: v for k, v in state_dict.items() if k in spec}))
+        v = int(self.store.load_state_dict(model, {k: v for k, v in state_dict.items() if k in spec}))
+        return v + self.offset.get(model, 0)
+
+    def restore(self, model: str, state_dict: Mapping[str, Any], version: int) -> None:
+        """Publish a checkpoint's weights as policy `version` (resume)."""
+        gps_v = int(self.store.load_state_dict(model, {k: v for k, v in state_dict.items()
+                                                       if k in self.store.spec(model)}))
+        self.offset[model] = int(version) - gps_v
+
+    def _gps_version(self, model: str) -> int:
+        return int(self.store.current_version(model))
 
     def version(self, model: str) -> int:
-        return int(self.store.current_version(model))
+        return self._gps_version(model) + self.offset.get(model, 0)
 
     def read(self, model: str) -> tuple[Any, int]:
         """(Ray object ref of the full state dict, version): one consistent GPS version."""
@@ -81,11 +94,12 @@ class ParamSource:
         from pivotrl.gps.planner import Device
 
         with self._lock:
-            v = self.version(model)
+            gv = self._gps_version(model)
+            v = gv + self.offset.get(model, 0)
             ref = self._refs.get((model, v))
             if ref is None:
                 dev = Device(0, 0)
-                res = self.store.read(model, [dev], Layout(), version=v)
+                res = self.store.read(model, [dev], Layout(), version=gv)
                 ref = ray.put({k: t.clone() for k, t in res.shards[dev].items()})
                 res.release()
                 # keep only the newest version of each model pinned in the object store

@@ -80,9 +80,23 @@ class LocalRuntime:
         return time.monotonic() - self.t0
 
     # ------------------------------------------------------------------ main loop
+    def _resume_controller(self) -> None:
+        """Start the controller at the checkpoint's step: batches before it are trained.
+
+        The deploy package has no resume entry yet, so this sets the three counters a fresh
+        controller would have after `k` steps (pipeline version and next batch, step count)."""
+        k = self.s.resume_version
+        if not k:
+            return
+        pipe = self.ctrl.pipe
+        pipe.version, pipe.next_release = k, k
+        self.ctrl.step = k
+        self._record("resume", version=k, checkpoint=str(self.s.resume_path))
+
     def run(self) -> dict[str, Any]:
         import ray
 
+        self._resume_controller()
         self._handle(Start(self.now))
         tick_s = self.ctrl.tick_s
         next_tick = self.now + tick_s if tick_s else None
@@ -263,10 +277,12 @@ class LocalRuntime:
         full = self.ex.train_call(act.devices, "full_state_dict")[0]
         secs = time.perf_counter() - t0
         self.ex.params.publish("policy", full)
-        step = act.batch + 1
-        if self.s.checkpoint_dir is not None and step % self.cfg.train.checkpoint_every == 0:
-            path = str(self.s.checkpoint_dir / f"step_{step:06d}")
-            self.ex.train_call(act.devices, "save_checkpoint", path, {"step": step, "batch": act.batch})
+        version = int(metrics["version"])
+        if self.s.checkpoint_dir is not None and version % self.cfg.train.checkpoint_every == 0:
+            from pivotrl.engines.trainer import checkpoint_dir
+
+            path = str(checkpoint_dir(self.s.checkpoint_dir, version))
+            self.ex.train_call(act.devices, "save_checkpoint", path, {"step": version, "batch": act.batch})
         return ("train", act, metrics, secs)
 
     # ------------------------------------------------------------------ actions

@@ -106,6 +106,8 @@ class LocalSetup:
         self.checkpoint_dir: Path | None = self.run_dir / "checkpoints"
         self.bootstrap_info: dict[str, Any] = {}
         self._pg_file = self.run_dir / f".pg_init_{os.getpid()}_{time.time_ns()}"
+        self.resume_path: Path | None = None
+        self.resume_version = 0
 
     # ------------------------------------------------------------------ start / stop
     def _models(self) -> tuple[Path, Path, Path, Path]:
@@ -144,11 +146,31 @@ class LocalSetup:
         self.params = ParamSource.create()
         self.params.register_hf("policy", str(self.policy_path), frozen=False)
         self.params.register_hf("genrm", str(self.genrm_path), frozen=True)
+        if bool(self.cfg.train.resume):
+            self._find_checkpoint()
         self.cluster = start_cluster(ClusterSpec.from_config(self.cfg.cluster, self.num_devices))
         self.tau_shift = {r: float(self.rt.tau_shift_prior_s) for r in (*INFERENCE_ROLES, Role.TRAIN)}
         self.executor = Executor(self.cluster, self.role_spec, self.params,
                                  {Role.ROLLOUT: "policy", Role.REWARD: "genrm"}, self.tau_shift)
         self.executor.wait_ready()
+
+    def _find_checkpoint(self) -> None:
+        """`train.resume=true`: continue from the newest complete checkpoint in the run folder."""
+        import json
+
+        from pivotrl.engines.cpu_engine import load_hf_model
+        from pivotrl.engines.trainer import latest_checkpoint
+
+        ck = latest_checkpoint(self.checkpoint_dir)
+        if ck is None:
+            log.warning("train.resume=true but %s holds no complete checkpoint: starting fresh", self.checkpoint_dir)
+            return
+        k = int(json.loads((ck / "trainer_state.json").read_text())["version"])
+        if k >= self.steps:
+            raise ValueError(f"train.resume: checkpoint {ck} is at step {k}, train.steps={self.steps} leaves "
+                             "nothing to run (raise train.steps)")
+        self.params.restore("policy", load_hf_model(ck / "hf").state_dict(), k)
+        self.resume_path, self.resume_version = ck, k
 
     def close(self) -> None:
         try:
@@ -187,7 +209,8 @@ class LocalSetup:
                                  num_threads=int(self.cfg.cluster.threads_per_device), seed=int(self.cfg.seed),
                                  logprob_temperature=max(self.rt.rollout_temperature, 1e-3))
             return RoleSpec(Role.TRAIN, "policy", str(self.policy_path), trainer=tcfg, rank=index,
-                            world_size=slot.tp, init_method=f"file://{self._pg_file}")
+                            world_size=slot.tp, init_method=f"file://{self._pg_file}",
+                            resume_from=str(self.resume_path) if self.resume_path else None)
         path = self.policy_path if slot.role == Role.ROLLOUT else self.genrm_path
         return RoleSpec(slot.role, "policy" if slot.role == Role.ROLLOUT else "genrm", str(path),
                         engine=self.rt.engine)

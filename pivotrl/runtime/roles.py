@@ -103,6 +103,8 @@ class RoleSpec:
     """Training world size (home devices)."""
     init_method: str | None = None
     """Process-group rendezvous URL shared by the training ranks (`file://...`)."""
+    resume_from: str | None = None
+    """Training: a trainer checkpoint folder to load when the rank is first built (`train.resume`)."""
 
     def __post_init__(self) -> None:
         if self.role in (Role.ROLLOUT, Role.REWARD) and self.engine is None:
@@ -218,6 +220,8 @@ class TrainHost(RoleHost):
             init = self.spec.init_method or f"file://{Path('/tmp') / 'pivotrl_pg_single'}"
             init_process_group(self.spec.rank, self.spec.world_size, init, backend, cfg.timeout_s)
         self.worker = TrainerWorker(cfg, self.spec.model_path)
+        if self.spec.resume_from:
+            self.worker.load_checkpoint(self.spec.resume_from)  # collective: every rank builds at once
 
     def shift_up(self, state_dict: Mapping[str, Any] | None, version: int) -> ShiftTiming:
         del state_dict  # training is the GPS writer: it reloads its own state, reads nothing

@@ -43,7 +43,7 @@ def test_mode_trains_two_steps(ray_session, tiny_assets, tmp_path, mode):
     assert timings and all(t["up_s"] >= 0 and t["down_s"] >= 0 for t in timings)
     assert any(d["direction"] == "up" and d["role"] == "rollout" for t in timings for d in t["devices"])
     # checkpoint of the last step (train.checkpoint_every=1)
-    assert (tmp_path / "checkpoints" / "step_000002" / "trainer_state.json").is_file()
+    assert (tmp_path / "checkpoints" / "step_00000002" / "trainer_state.json").is_file()
     assert ray_session.is_initialized(), "a run attached to a session must not shut it down"
 
 
@@ -80,3 +80,20 @@ def test_killed_device_loses_no_sample(ray_session, tiny_assets, tmp_path):
     assert summary["samples_trained"] == summary["samples_trained_unique"] == 2 * 2 * 4
     deaths = [r for r in _timeline(tmp_path) if r["kind"] == "device_death"]
     assert deaths and deaths[0]["device"] == 0 and deaths[0]["role"] == "rollout"
+
+
+def test_resume_reaches_the_uninterrupted_step_and_version(ray_session, tiny_assets, tmp_path):
+    """A run stopped after its step-1 checkpoint, restarted with train.resume=true in the same folder,
+    trains only step 2 and ends at the step count and policy version of an uninterrupted 2-step run."""
+    from pivotrl.run import run
+
+    first = run(make_local_cfg(tiny_assets, "pivot", ["train.steps=1", "train.warmup_steps=0"]), tmp_path)
+    assert first["policy_version"] == 1
+    assert (tmp_path / "checkpoints" / "step_00000001" / "trainer_state.json").is_file()
+    resumed = run(make_local_cfg(tiny_assets, "pivot", ["train.resume=true"]), tmp_path)
+    assert resumed["policy_version"] == 2
+    assert resumed["samples_trained"] == resumed["samples_trained_unique"] == 2 * 4, "only step 2 is trained"
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["batch"] for r in rows] == [0, 1]
+    assert any(r["kind"] == "resume" and r["version"] == 1 for r in _timeline(tmp_path))
