@@ -6,7 +6,9 @@ Measures, in one run on the same model folder and the same requests:
     iteration samples (sum N / sum seconds), for the CPU engine and for vLLM; the ratio vLLM/CPU;
   * abort + resume of 64 in-flight greedy sequences: the time of `abort()` (all 64, tokens back),
     of re-submitting them with their tokens, and until every one of them is decoding again
-    (re-prefill done), and whether the continuations equal an uninterrupted greedy run.
+    (re-prefill done), and whether the continuations equal an uninterrupted greedy run;
+  * a fit of `tau = A*K + max(B, C*N) + D` (`pivotrl.core.throughput`) to each engine's own
+    iteration samples at batches 1, 4, 16, 64, with its RMS relative error.
 
 The model is a fresh random-init tiny policy (`TinyModelConfig()` defaults) unless `--model` names
 a folder; throughput does not depend on what the weights learned, only on shapes.
@@ -48,6 +50,25 @@ def _throughput(engine, prompts, max_tokens: int) -> dict:
             "decode_iterations": len(st.iterations),
             "decode_tokens_per_s": dec_tokens / dec_secs if dec_secs else float("nan"),
             "outputs": [c.token_ids for c in out]}
+
+
+def _profile_fit(engine, prompts, batches=(1, 4, 16, 64), max_tokens: int = 24) -> dict:
+    """Decode at several batch sizes, then fit `tau = A*K + max(B, C*N) + D` (pivotrl.core.throughput)
+    to the engine's own iteration samples: the path the local runtime's profiling takes."""
+    from pivotrl.core.throughput import ThroughputModel
+    from pivotrl.engines.protocol import GenerationRequest, SamplingParams
+
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    iters, pre = [], []
+    engine.stats(drain=True)
+    for b in batches:
+        engine.generate([GenerationRequest(30_000 + i, p, sp) for i, p in enumerate(prompts[:b])])
+        st = engine.stats(drain=True)
+        iters += [(s.num_seqs, s.kv_tokens, s.seconds) for s in st.iterations]
+        pre += [(s.tokens, s.seconds) for s in st.prefills]
+    m = ThroughputModel.fit(iters, pre)
+    return {"fit_A": m.A, "fit_B": m.B, "fit_C": m.C, "fit_D": m.D, "fit_P1": m.P1,
+            "fit_rms_rel_err": m.relative_error(iters), "fit_samples": len(iters)}
 
 
 def _abort_resume(engine, prompts, max_tokens: int, reference: list[list[int]], after: int) -> dict:
@@ -114,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     prompts = _prompts(cpu.tokenizer, args.batch, args.prompt_chars)
     tp_cpu = _throughput(cpu, prompts, args.max_tokens)
     ar_cpu = _abort_resume(cpu, prompts, args.max_tokens, tp_cpu["outputs"], after=args.max_tokens // 2)
+    fit_cpu = _profile_fit(cpu, prompts)
     rows.append({"engine": "cpu", "start_s": 0.0, **{k: v for k, v in tp_cpu.items() if k != "outputs"}, **ar_cpu})
+    fits = [{"engine": "cpu", **fit_cpu}]
 
     if not args.skip_vllm and vllm_available():
         from pivotrl.engines.vllm_engine import VLLMEngine
@@ -127,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             tp_vl = _throughput(vl, prompts, args.max_tokens)
             ar_vl = _abort_resume(vl, prompts, args.max_tokens, tp_cpu["outputs"], after=args.max_tokens // 2)
             same = tp_vl["outputs"] == tp_cpu["outputs"]
+            fits.append({"engine": "vllm", **_profile_fit(vl, prompts)})
             rows.append({"engine": "vllm", "start_s": start,
                          **{k: v for k, v in tp_vl.items() if k != "outputs"}, **ar_vl})
             extra["vllm_over_cpu_tokens_per_s"] = tp_vl["tokens_per_s"] / tp_cpu["tokens_per_s"]
@@ -139,7 +163,11 @@ def main(argv: list[str] | None = None) -> int:
 
     print_table(rows, title=f"engines: tiny policy, batch {args.batch}, {args.max_tokens} tokens each, "
                             f"{args.threads} threads")
+    print_table(fits, title="throughput model fitted to each engine's iteration samples (seconds, tokens)")
+    extra["fits"] = fits
     for k, v in extra.items():
+        if k == "fits":
+            continue
         print(f"{k}: {v:.3g}" if isinstance(v, float) else f"{k}: {v}")
     write_json(args.json, "engines", rows, **extra)
     tmp.cleanup()

@@ -184,6 +184,19 @@ class VLLMEngine:
         cc = self._llm.vllm_config.cache_config
         self._kv_capacity = int((cc.num_gpu_blocks or 0) * (cc.block_size or 0))
 
+    def _stop_llm(self) -> None:
+        """Shut AsyncLLM down on the loop thread: its output handler then cannot run between the
+        engine-core exit and its own cancellation (which would log a spurious EngineDeadError)."""
+        async def stop(llm) -> None:
+            llm.shutdown()
+
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            if self._loop.is_running():
+                self._run(stop(llm), timeout=120)
+            else:
+                llm.shutdown()
+
     @staticmethod
     def _sleep_supported() -> bool:
         from vllm.platforms import current_platform
@@ -344,7 +357,14 @@ class VLLMEngine:
         from safetensors.torch import save_file
 
         self._check_live()
-        tensors = {k: torch.as_tensor(v).detach().contiguous().cpu() for k, v in state_dict.items()}
+        tensors, seen = {}, set()
+        for k, v in state_dict.items():
+            t = torch.as_tensor(v).detach().cpu().contiguous()
+            # Tied weights (embed_tokens / lm_head) share storage; safetensors refuses shared tensors.
+            if t.untyped_storage().data_ptr() in seen:
+                t = t.clone()
+            seen.add(t.untyped_storage().data_ptr())
+            tensors[k] = t
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
         fd, path = tempfile.mkstemp(prefix="pivotrl-weights-", suffix=".safetensors", dir=shm)
         os.close(fd)
@@ -369,8 +389,7 @@ class VLLMEngine:
             if self._sleep_supported():
                 self._run(self._llm.sleep(level=2))
             else:
-                self._llm.shutdown()
-                self._llm = None
+                self._stop_llm()
             self._released = True
 
     def reacquire_memory(self, state_dict: Mapping[str, object] | None = None,
@@ -396,8 +415,7 @@ class VLLMEngine:
                 self.abort()
             except Exception:  # noqa: BLE001 - shutting down anyway
                 pass
-            self._llm.shutdown()
-            self._llm = None
+            self._stop_llm()
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
