@@ -290,14 +290,21 @@ class Executor:
         return res
 
     def _learn_tau(self, plan: ShiftPlan, res: ShiftResult) -> None:
-        """Fold the measured warm shift halves into `tau_shift[role]` (up of the role + down)."""
-        warm_up = {t["role"]: t["seconds"] for t in res.timings if t["direction"] == "up" and not t["cold"]}
-        down = {t["role"]: t["seconds"] for t in res.timings if t["direction"] == "down" and t["role"] != "none"}
+        """Fold the measured warm shift halves into `tau_shift[role]`: the mean warm shift up of the
+        role plus its mean shift down, over the devices that did them (cold first starts build the
+        engine or trainer once and would overstate every later shift)."""
+        def mean(xs: list[float]) -> float | None:
+            return sum(xs) / len(xs) if xs else None
+
         for role in (Role.ROLLOUT, Role.REWARD, Role.TRAIN):
-            if role.value in warm_up or role.value in down:
-                measured = warm_up.get(role.value, 0.0) + down.get(role.value, 0.0)
-                old = self.tau_shift.get(role)
-                self.tau_shift[role] = measured if old is None else (1 - TAU_EMA) * old + TAU_EMA * measured
+            up = mean([t["seconds"] for t in res.timings
+                       if t["role"] == role.value and t["direction"] == "up" and not t["cold"]])
+            down = mean([t["seconds"] for t in res.timings if t["role"] == role.value and t["direction"] == "down"])
+            if up is None and down is None:
+                continue
+            measured = (up or 0.0) + (down or 0.0)
+            old = self.tau_shift.get(role)
+            self.tau_shift[role] = measured if old is None else (1 - TAU_EMA) * old + TAU_EMA * measured
         self.shift_log.append({"role_up": plan.role_up.value, "down_s": res.seconds[0], "up_s": res.seconds[1],
                                "timings": res.timings})
 

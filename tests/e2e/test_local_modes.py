@@ -97,3 +97,37 @@ def test_resume_reaches_the_uninterrupted_step_and_version(ray_session, tiny_ass
     assert [r["step"] for r in rows] == [1, 2]
     assert [r["batch"] for r in rows] == [0, 1]
     assert any(r["kind"] == "resume" and r["version"] == 1 for r in _timeline(tmp_path))
+
+
+def test_device_killed_before_shift_up_is_respawned_and_shifted(ray_session, tiny_assets):
+    """Mid-shift fault at the executor: a device whose actor died is respawned on its bundle and the
+    shift still brings every slot up; the measured halves feed tau_shift."""
+    from pivotrl.config.engine import EngineConfig
+    from pivotrl.core.types import Role, ShiftPlan, Slot
+    from pivotrl.runtime.cluster import ClusterSpec, start_cluster
+    from pivotrl.runtime.executor import Executor, ParamSource
+    from pivotrl.runtime.roles import RoleSpec
+
+    ray = ray_session
+    cl = start_cluster(ClusterSpec(kind="local", num_devices=2, node_size=2))
+    params = ParamSource.create()
+    params.register_hf("policy", str(tiny_assets["policy"]), frozen=False)
+    eng = EngineConfig(name="cpu", num_threads=1, kv_capacity_tokens=4096)
+    tau = {Role.ROLLOUT: 9.0}
+    ex = Executor(cl, lambda slot, i: RoleSpec(slot.role, "policy", str(tiny_assets["policy"]), engine=eng),
+                  params, {Role.ROLLOUT: "policy"}, tau)
+    try:
+        ex.wait_ready()
+        ray.kill(ex.actors[1], no_restart=True)
+        up = ShiftPlan(Role.ROLLOUT, up=[Slot(Role.ROLLOUT, 0, 1), Slot(Role.ROLLOUT, 1, 1)])
+        res = ex.run_shift(up)
+        assert res.error is None and res.dead == {1} and ex.generation[1] == 1
+        assert [i["role"] for i in ray.get([a.info.remote() for a in ex.actors.values()])] == ["rollout"] * 2
+        assert set(res.kv_capacity) == {"rollout@0x1", "rollout@1x1"}
+        down = ex.run_shift(ShiftPlan(Role.REWARD, down=up.up))
+        assert down.error is None and down.seconds[0] > 0
+        assert tau[Role.ROLLOUT] != 9.0, "a measured shift down updates tau_shift"
+    finally:
+        ex.close()
+        cl.shutdown()
+        params.close()
