@@ -6,7 +6,8 @@ Measures, in one process and one run:
 - **read bandwidth** of `store.read` for a Qwen2-shaped bf16 state dict (>= 1 GB by default) under
   TP = 1, 2, 4 (all TP ranks on node 0, single-node store), against a plain `copy_` of the same
   number of bytes between the same source (the store's shared-memory buffer) and destination
-  memory. Two variants: `out` (reads into preallocated, touched device buffers, as an engine
+  memory. Also `write` (publish a new version from the TP shards into fresh shared memory,
+  compared with memcpy into fresh memory). Two read variants: `out` (reads into preallocated, touched device buffers, as an engine
   reloading its parameters does; compared with memcpy into touched memory) and `alloc` (the read
   allocates fresh tensors; compared with memcpy into a fresh `torch.empty`). Best of `repeats`.
 - **plan lookup**: a cache hit for the 1 GB model's TP=4 signature, and a cold plan (empty layout
@@ -14,7 +15,7 @@ Measures, in one process and one run:
 - **memory**: bytes the store keeps for one replica / model bytes, and the peak-RSS growth
   (VmHWM, reset through /proc/self/clear_refs) during reads: with `out` it should be ~0 (no hidden
   copies), with `alloc` ~1x model bytes (the destination itself).
-Footprint: store (1x) + destination (1x) + one fresh destination during the `alloc` phase (1x).
+Footprint: store (1x) + destination (1x) + one fresh destination or new version (1x): ~3.5 GB.
 """
 from __future__ import annotations
 
@@ -101,9 +102,13 @@ def bench_bandwidth(layers: int, repeats: int) -> tuple[list[dict], dict[str, An
     for name, t in full.items():  # random bf16 bytes can be NaN patterns; keep them finite
         t.view(torch.int16).bitwise_and_(0x3FFF)
     store.register("policy", cfg, state_dict=full)
-    ref = store.transport.local_view(store.table.acquire("policy")[1][0])
-    store.table.release("policy", 0)
-    src = ref[:nbytes]
+
+    def current_buffer() -> torch.Tensor:
+        v, bufs = store.table.acquire("policy")
+        store.table.release("policy", v)
+        return store.transport.local_view(bufs[0])[:nbytes]
+
+    src = current_buffer()
     memory = {"model_bytes": nbytes, "store_resident_bytes": store.resident_bytes(),
               "replica_cost_ratio": store.resident_bytes() / nbytes}
     rows = []
@@ -112,8 +117,13 @@ def bench_bandwidth(layers: int, repeats: int) -> tuple[list[dict], dict[str, An
         out = _views_into(dst, spec, lay, devs)
         store.read("policy", devs, lay, out=out)  # plan + warm
         # baseline and read alternate, so both see the same machine load; best of `repeats` each
-        t_mem, t_out, t_mfresh, t_alloc = [], [], [], []
+        t_mem, t_out, t_mfresh, t_alloc, t_write = [], [], [], [], []
         for _ in range(repeats):
+            # write publishes a new version into fresh shared memory (then the old one is freed;
+            # drop our view of it first, or its mapping would outlive the version)
+            src = None
+            t_write.append(_best(lambda: store.write("policy", devs, lay, out), 1))
+            src = current_buffer()
             t_mem.append(_best(lambda: dst[:nbytes].copy_(src), 1))
             t_out.append(_best(lambda: store.read("policy", devs, lay, out=out), 1))
             # fresh destinations: the read allocates; the memcpy baseline allocates the same bytes
@@ -126,7 +136,8 @@ def bench_bandwidth(layers: int, repeats: int) -> tuple[list[dict], dict[str, An
                      "read_out_GBps": m / min(t_out) / 1e9, "memcpy_GBps": mem_bw / 1e9,
                      "ratio_out": m / min(t_out) / mem_bw,
                      "read_alloc_GBps": m / min(t_alloc) / 1e9, "memcpy_fresh_GBps": mfresh_bw / 1e9,
-                     "ratio_alloc": m / min(t_alloc) / mfresh_bw})
+                     "ratio_alloc": m / min(t_alloc) / mfresh_bw,
+                     "write_GBps": nbytes / min(t_write) / 1e9, "ratio_write": nbytes / min(t_write) / mfresh_bw})
     # peak RSS during reads
     lay, devs = Layout(tp=2), [Device(0, 0), Device(0, 1)]
     out = _views_into(dst, spec, lay, devs)

@@ -51,6 +51,12 @@ class GPSConfig:
     shm_dir: str = "/dev/shm"
     """Directory of the shared-memory files that back stored tensors (tmpfs, so pages are RAM)."""
 
+    pool_freed_buffers: int = 1
+    """`shm`/`nixl` transports: freed version buffers kept per buffer size to back the next write
+    (0: give memory back at once). Reuse spares a write the page faults of fresh shared memory;
+    the pooled buffer is the write headroom the budget already reserves. A buffer some zero-copy
+    view still references is never pooled."""
+
     alignment_bytes: int = 64
     """Each stored tensor chunk starts at a multiple of this many bytes inside its node buffer."""
 
@@ -71,5 +77,7 @@ class GPSConfig:
             raise ValueError(f"gps.transport={self.transport!r}; allowed: {', '.join(TRANSPORT_NAMES)}")
         if self.alignment_bytes <= 0 or self.alignment_bytes & (self.alignment_bytes - 1):
             raise ValueError(f"gps.alignment_bytes must be a power of two, got {self.alignment_bytes}")
+        if self.pool_freed_buffers < 0:
+            raise ValueError(f"gps.pool_freed_buffers must be >= 0, got {self.pool_freed_buffers}")
         if self.plan_cache_size < 1:
             raise ValueError(f"gps.plan_cache_size must be >= 1, got {self.plan_cache_size}")

@@ -133,26 +133,40 @@ class Transport(abc.ABC):
 
 class ShmTransport(Transport):
     """All nodes' buffers in this process, each a `/dev/shm`-backed mapping (the `local` runtime,
-    and any single process that hosts GPS)."""
+    and any single process that hosts GPS). Freed buffers that nothing else references go to a
+    small pool and back the next write of the same size, which then skips faulting in fresh
+    shared-memory pages (about 30 % slower than anonymous memory to fault in on this machine)."""
 
     name = "shm"
 
     def __init__(self, config: GPSConfig, num_nodes: int) -> None:
         self.dir = config.shm_dir
         self.num_nodes = num_nodes
+        self.pool_limit = config.pool_freed_buffers
         self._bufs: dict[str, torch.Tensor] = {}
+        self._pool: dict[int, list[torch.Tensor]] = {}
         self._tag = f"pivotrl-gps-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
     def allocate(self, node: int, key: str, nbytes: int) -> BufferRef:
         path = os.path.join(self.dir, f"{self._tag}-{key}")
-        buf = map_file(path, nbytes)
-        os.unlink(path)  # the mapping keeps the pages; nothing is left behind on a crash
+        pooled = self._pool.get(nbytes)
+        if pooled:
+            buf = pooled.pop()
+        else:
+            buf = map_file(path, nbytes)
+            os.unlink(path)  # the mapping keeps the pages; nothing is left behind on a crash
         self._bufs[path] = buf
         return BufferRef(node, key, nbytes, path)
 
     def free(self, ref: BufferRef) -> None:
-        # outstanding zero-copy views keep the mapping (and its pages) alive until they die
-        self._bufs.pop(ref.path, None)
+        buf = self._bufs.pop(ref.path, None)
+        if buf is None:
+            return
+        # a zero-copy view still alive keeps the mapping (and its pages) until it dies; such a
+        # buffer is never reused, so the view can never see another version's bytes
+        pooled = self._pool.setdefault(ref.nbytes, [])
+        if len(pooled) < self.pool_limit and _sole_owner(buf):
+            pooled.append(buf)
 
     def local_view(self, ref: BufferRef) -> torch.Tensor | None:
         return self._bufs.get(ref.path)
@@ -160,8 +174,21 @@ class ShmTransport(Transport):
     def resident_bytes(self) -> int:
         return sum(b.numel() for b in self._bufs.values())
 
+    def pooled_bytes(self) -> int:
+        """Bytes of freed buffers kept for the next write (inside the budget's write headroom)."""
+        return sum(b.numel() for bs in self._pool.values() for b in bs)
+
     def close(self) -> None:
         self._bufs.clear()
+        self._pool.clear()
+
+
+def _sole_owner(buf: torch.Tensor) -> bool:
+    """True when no tensor but `buf` uses its memory (counts: `buf` and the storage handle here)."""
+    use_count = getattr(torch._C, "_storage_Use_Count", None)
+    if use_count is None:
+        return False
+    return use_count(buf.untyped_storage()._cdata) <= 2
 
 
 def _ray_factory(config: GPSConfig, num_nodes: int, **kw: Any) -> Transport:

@@ -202,7 +202,8 @@ def test_concurrent_writer_never_tears_reads(make_store):
 
     store.register("policy", spec=spec, state_dict=sd_of(0))
     wl, wdev = Layout(dp=2, tp=2), [Device(n, i) for n in range(2) for i in range(2)]
-    rl, rdev = Layout(tp=4, fused_qkv=True), [Device(1, i) for i in range(4)]
+    # readers on node 0: its freed buffers are the ones the pool keeps (one per size)
+    rl, rdev = Layout(tp=4, fused_qkv=True), [Device(0, i) for i in range(4)]
     stop, errors, seen = threading.Event(), [], []
 
     def writer():
@@ -216,14 +217,22 @@ def test_concurrent_writer_never_tears_reads(make_store):
         finally:
             stop.set()
 
+    def check(res):
+        sums = {(float(t.min()), float(t.max())) for s in res.shards.values() for t in s.values()}
+        assert sums == {(float(res.version), float(res.version))}, (res.version, sums)
+
+    kept = []  # zero-copy results, rechecked at the end: views outlive their lease and must still
+    # show their own version (a freed buffer still in view must never be reused by a write)
+
     def reader(zero_copy):
         try:
             while not stop.is_set():
                 res = store.read("policy", rdev, rl, zero_copy=zero_copy)
-                sums = {(float(t.min()), float(t.max())) for s in res.shards.values() for t in s.values()}
-                assert sums == {(float(res.version), float(res.version))}, (res.version, sums)
+                check(res)
                 seen.append(res.version)
                 res.release()
+                if zero_copy:
+                    kept.append(res)
         except BaseException as e:
             errors.append(e)
 
@@ -234,6 +243,9 @@ def test_concurrent_writer_never_tears_reads(make_store):
         t.join(timeout=120)
     assert not errors, errors[0]
     assert len(set(seen)) > 3  # readers really interleaved with the writer
+    for res in kept:
+        check(res)
+    kept.clear()
     assert store.live_versions("policy") == [39]  # every old version freed once readers let go
 
 
@@ -272,3 +284,18 @@ def test_plan_cache_by_signature(make_store):
     assert store.plan("read", "policy", devs[::-1], Layout(tp=2)) is not p  # other device order
     assert store.plan("write", "policy", devs, Layout(tp=2)) is not p
     assert store.plan("read", "policy", devs, Layout(tp=2)) is not p  # evicted (cache of 2)
+
+
+def test_freed_buffers_back_the_next_write_unless_a_view_holds_them(make_store):
+    store = make_store(1)
+    store.register("policy", TINY, state_dict=SD)
+    one = store.resident_bytes()
+    a, b = random_state_dict(SPEC, seed=31), random_state_dict(SPEC, seed=32)
+    store.write("policy", [Device(0)], Layout(), {Device(0): a})  # v0 freed, nothing holds it
+    assert store.transport.pooled_bytes() == one and store.resident_bytes() == one
+    held = store.read("policy", [Device(0)], Layout(), zero_copy=True)  # views of v1
+    held.release()  # lease gone, views still alive
+    store.write("policy", [Device(0)], Layout(), {Device(0): b})  # v2 reuses v0's buffer
+    assert store.transport.pooled_bytes() == 0  # v1 was not pooled: a view still uses it
+    assert digest(held.shards[Device(0)]) == digest(a)  # and the view still shows v1
+    assert digest(store.read("policy", [Device(0)], Layout()).shards[Device(0)]) == digest(b)
