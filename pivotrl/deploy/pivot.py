@@ -42,9 +42,22 @@ class PivotController(Controller):
         self.decisions = 0
 
     def initial_plans(self) -> list[ShiftPlan]:
-        # Paper Fig. 10: at the start every device serves rollout (reward has nothing to judge yet).
-        tp = self.env.tp[Role.ROLLOUT]
-        return [ShiftPlan(Role.ROLLOUT, up=role_slots(Role.ROLLOUT, 0, self.env.num_devices, tp))]
+        """Start state: training holds its home set (idle: no batch is ready), and the other
+        devices are split evenly between reward and rollout in whole aligned blocks (one block
+        only: rollout, where the work starts). Idle training is a zero-penalty blocker, so the
+        pivot strategy hands the home set out at its first tick; strategies that move only some
+        devices (`static`, `rule`) need this split, or a role would never get a device."""
+        tp_ro, tp_rm = self.env.tp[Role.ROLLOUT], self.env.tp[Role.REWARD]
+        align = max(tp_ro, tp_rm)
+        rest = self.home.first_device  # devices [0, rest) are outside the home set
+        rest -= rest % tp_ro
+        half = (rest // 2) // align * align
+        plans = [ShiftPlan(Role.TRAIN, up=[self.home])]
+        if half:
+            plans.append(ShiftPlan(Role.REWARD, up=role_slots(Role.REWARD, 0, half, tp_rm)))
+        if rest > half:
+            plans.append(ShiftPlan(Role.ROLLOUT, up=role_slots(Role.ROLLOUT, half, rest - half, tp_ro)))
+        return plans
 
     # ------------------------------------------------------------------ planner
     def view(self, now: float):

@@ -34,6 +34,7 @@ from pivotrl.sim.engine import SimReplica
 from pivotrl.sim.metrics import RunStats
 from pivotrl.sim.workload import Workload
 
+STUCK_S = 3600.0  # simulated seconds with only ticks happening = a deadlocked deployment
 LOW_FRACTION = 0.2  # "below 20 % of peak per-device throughput" (paper Fig. 3)
 
 
@@ -104,6 +105,7 @@ class SimRuntime:
         self.stats = RunStats(setup, self.peak)
         self.progress = progress
         self._bar = None
+        self._last_progress = 0.0
 
     def _contexts(self) -> dict[Role, float]:
         """Mean KV length of a running sequence per role, from the workload's first batch."""
@@ -162,6 +164,12 @@ class SimRuntime:
                     raise RuntimeError(f"simulation of {self.ctrl.name} stalled at t={self.now:.1f}s: no events "
                                        f"left before step {self.ctrl.step + 1}/{self.s.steps} (state {self.ctrl.state()})")
                 t, kind, payload = nxt
+                if kind != "tick":
+                    self._last_progress = t
+                elif t - self._last_progress > STUCK_S:
+                    raise RuntimeError(f"simulation of {self.ctrl.name} is stuck: nothing finished, shifted or "
+                                       f"trained for {STUCK_S:.0f} simulated seconds before t={t:.0f}s "
+                                       f"(state {self.ctrl.state()})")
                 if t > cap:
                     raise RuntimeError(f"simulation passed models.sim.max_sim_time_s={cap}s at step {self.ctrl.step}")
                 self.now = max(self.now, t)
