@@ -150,9 +150,7 @@ class Controller:
         s = self.sched[ev.role]
         if s.where(ev.seq_id) is None:
             raise RuntimeError(f"{ev.role.value} seq {ev.seq_id} finished but is not in the scheduler")
-        if ev.generated > s.get(ev.seq_id).generated:
-            s.progress(ev.seq_id, ev.generated)
-        s.finish(ev.seq_id)
+        s.finish(ev.seq_id)  # frees exactly the KV the scheduler booked; the true count is ev.generated
         acts: list[Action] = []
         if ev.role == Role.ROLLOUT:
             rseq = self.pipe.response_done(ev.seq_id, ev.generated, ev.now)
