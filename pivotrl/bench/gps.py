@@ -6,8 +6,8 @@ Measures, in one process and one run:
 - **read bandwidth** of `store.read` for a Qwen2-shaped bf16 state dict (>= 1 GB by default) under
   TP = 1, 2, 4 (all TP ranks on node 0, single-node store), against a plain `copy_` of the same
   number of bytes between the same source (the store's shared-memory buffer) and destination
-  memory. Also `write` (publish a new version from the TP shards into fresh shared memory,
-  compared with memcpy into fresh memory). Two read variants: `out` (reads into preallocated, touched device buffers, as an engine
+  memory. Also `write` (publish a new version from the TP shards; after the first write the
+  freed version's buffer is reused, so it is compared with memcpy into touched memory). Two read variants: `out` (reads into preallocated, touched device buffers, as an engine
   reloading its parameters does; compared with memcpy into touched memory) and `alloc` (the read
   allocates fresh tensors; compared with memcpy into a fresh `torch.empty`). Best of `repeats`.
 - **plan lookup**: a cache hit for the 1 GB model's TP=4 signature, and a cold plan (empty layout
@@ -137,7 +137,9 @@ def bench_bandwidth(layers: int, repeats: int) -> tuple[list[dict], dict[str, An
                      "ratio_out": m / min(t_out) / mem_bw,
                      "read_alloc_GBps": m / min(t_alloc) / 1e9, "memcpy_fresh_GBps": mfresh_bw / 1e9,
                      "ratio_alloc": m / min(t_alloc) / mfresh_bw,
-                     "write_GBps": nbytes / min(t_write) / 1e9, "ratio_write": nbytes / min(t_write) / mfresh_bw})
+                     "write_GBps": nbytes / min(t_write) / 1e9, "ratio_write": nbytes / min(t_write) / mem_bw})
+    memory["after_writes_resident_bytes"] = store.resident_bytes()
+    memory["after_writes_pooled_write_buffer_bytes"] = store.transport.pooled_bytes()
     # peak RSS during reads
     lay, devs = Layout(tp=2), [Device(0, 0), Device(0, 1)]
     out = _views_into(dst, spec, lay, devs)
