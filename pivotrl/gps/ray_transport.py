@@ -127,6 +127,13 @@ class RayTransport(Transport):
     def write_remote(self, ref: BufferRef, items: list[SliceItem], tensors: list[torch.Tensor]) -> None:
         ray.get(self.actors[ref.node].write.remote(ref.path, items, tensors))
 
+    def read_remote_many(self, requests: list[tuple[BufferRef, list[SliceItem]]]) -> list[list[torch.Tensor]]:
+        # all holders serve at once: a read's time is its slowest holder's, as the planner assumes
+        return ray.get([self.actors[ref.node].read.remote(ref.path, items) for ref, items in requests])
+
+    def write_remote_many(self, requests: list[tuple[BufferRef, list[SliceItem], list[torch.Tensor]]]) -> None:
+        ray.get([self.actors[ref.node].write.remote(ref.path, items, ts) for ref, items, ts in requests])
+
     def node_stats(self) -> list[dict[str, int]]:
         return ray.get([a.stats.remote() for a in self.actors])
 
@@ -144,6 +151,9 @@ class RemoteTable:
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
+
+    def kill(self) -> None:
+        ray.kill(self.handle)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):

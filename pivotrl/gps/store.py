@@ -224,9 +224,10 @@ class GlobalParameterStore:
             else:
                 pairs.append((src, sd[t.dst][box_slices(t.dst_box)]))
         self.transport.copy_local(pairs)
-        for h, pairs in remote.items():
-            got = self.transport.read_remote(bufs[h], [it for _, it in pairs])
-            for (t, _), src in zip(pairs, got):
+        holders = list(remote)
+        fetched = self.transport.read_remote_many([(bufs[h], [it for _, it in remote[h]]) for h in holders])
+        for h, got in zip(holders, fetched):
+            for (t, _), src in zip(remote[h], got):
                 sd = shards[plan.devices[t.device]]
                 if t.dst not in sd:  # zero-copy asked, but the bytes had to cross nodes
                     sd[t.dst] = src
@@ -302,8 +303,8 @@ class GlobalParameterStore:
                         pairs.append((src, chunk_view(views[t.holder], e.offset, e.shape, item[2])[box_slices(rel)]))
                 self.transport.copy_local(pairs)
                 del pairs
-                for h, pairs in remote.items():
-                    self.transport.write_remote(bufs[h], [i for i, _ in pairs], [s for _, s in pairs])
+                self.transport.write_remote_many([(bufs[h], [i for i, _ in ps], [s for _, s in ps])
+                                                  for h, ps in remote.items()])
                 del views
                 dead = self.table.commit(model, v, bufs)
             except BaseException:
@@ -344,6 +345,8 @@ class GlobalParameterStore:
             except RuntimeError:
                 pass
         self.transport.close()
+        if hasattr(type(self.table), "kill"):  # a table living in its own actor (make_ray_store)
+            self.table.kill()
 
 
 def _release(table: Any, transport: Transport, model: str, v: int) -> None:

@@ -120,6 +120,14 @@ class Transport(abc.ABC):
     def read_remote(self, ref: BufferRef, items: list[SliceItem]) -> list[torch.Tensor]:
         raise NotImplementedError(f"transport {self.name!r} cannot reach node {ref.node}")
 
+    def read_remote_many(self, requests: list[tuple[BufferRef, list[SliceItem]]]) -> list[list[torch.Tensor]]:
+        """`read_remote` for several holders; transports that can overlap them do."""
+        return [self.read_remote(ref, items) for ref, items in requests]
+
+    def write_remote_many(self, requests: list[tuple[BufferRef, list[SliceItem], list[torch.Tensor]]]) -> None:
+        for ref, items, tensors in requests:
+            self.write_remote(ref, items, tensors)
+
     def write_remote(self, ref: BufferRef, items: list[SliceItem], tensors: list[torch.Tensor]) -> None:
         raise NotImplementedError(f"transport {self.name!r} cannot reach node {ref.node}")
 
