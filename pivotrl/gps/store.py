@@ -24,7 +24,7 @@ import torch
 
 from pivotrl.config.gps import GPSConfig
 from pivotrl.gps.errors import ShardMismatchError
-from pivotrl.gps.layout import Layout, ModelSpec, TensorSpec, validate_layout
+from pivotrl.gps.layout import Layout, ModelSpec, validate_layout
 from pivotrl.gps.placement import ChunkLayout, Placement
 from pivotrl.gps.planner import Device, LinkProfile, Plan, plan_read, plan_write
 from pivotrl.gps.transports import (BufferRef, SliceItem, Transport, box_slices, chunk_view, copy_into, dtype_name,
@@ -376,4 +376,4 @@ def _match(where: str, expected: list[tuple[str, tuple[int, ...], str]], got: Ma
             raise ShardMismatchError(f"{where}: {n} has dtype {dtype_name(x.dtype)}, expected {dt}")
 
 
-__all__ = ["GlobalParameterStore", "ReadResult", "StateDict", "TensorSpec"]
+__all__ = ["GlobalParameterStore", "ReadResult", "StateDict"]
