@@ -16,6 +16,12 @@ advanced state equals T(j1 + j2) exactly, so advancing in pieces never drifts.
 
 Prefill (new sequences and re-prefill after an abort) and weight publishes stall decode: the replica
 is busy for their time and emits no tokens (vLLM runs prefill ahead of decode).
+
+KV capacity. The scheduler admits by current lengths, so running sequences can outgrow the KV
+cache. Like vLLM's recompute preemption, the replica then pauses its most recently started sequence
+(tokens kept, engine-internal: the control plane is not told) and resumes paused ones, oldest first,
+with a re-prefill once a completion frees room. The moment K reaches capacity is one more event,
+found in closed form (K grows by N per iteration).
 """
 from __future__ import annotations
 
@@ -30,18 +36,20 @@ _EPS = 1e-7
 
 @dataclass
 class _Run:
+    prompt: int       # prompt tokens
     gen0: int         # generated tokens when it joined
     iter0: float      # replica iteration count when it joined
     length0: int      # KV length when it joined (prompt + gen0)
     finish_iter: float
     target: int
+    order: int = 0    # admission order (the newest is preempted first)
 
 
 class SimReplica:
     """One replica of an inference role on `tp` devices."""
 
     def __init__(self, replica_id: str, model: ThroughputModel, tp: int, now: float,
-                 low_threshold: float = 0.0) -> None:
+                 low_threshold: float = 0.0, kv_capacity: float = math.inf) -> None:
         self.replica_id = replica_id
         self.model = model
         self.tp = tp
@@ -50,12 +58,17 @@ class SimReplica:
         self.iters = 0.0
         self.k = 0.0
         self.runs: dict[int, _Run] = {}
+        self.kv_capacity = float(kv_capacity)
+        self.paused: dict[int, tuple[int, int, int]] = {}  # preempted: seq -> (prompt, generated, target)
+        self.preemptions = 0
+        self._order = 0
         self._heap: list[tuple[float, int]] = []
         self.low_threshold = low_threshold  # tokens/s per device under which time counts as "low"
         # accounting (seconds of the replica, not device-seconds)
         self.busy_s = 0.0
         self.high_s = 0.0
         self.tokens = 0.0
+        self.peak_k = 0.0  # most KV tokens held at once (admission checks current lengths only)
         self.epoch = 0  # bumped whenever the next-finish time may change
         self._c_n, self._c_val = -1, 0.0
 
@@ -106,6 +119,7 @@ class SimReplica:
             j = self.iters_in(dt)
             self.iters += j
             self.k += self.n * j
+            self.peak_k = max(self.peak_k, self.k)
             produced = self.n * j
             self.tokens += produced
             self.busy_s += dt
@@ -114,7 +128,8 @@ class SimReplica:
         self.t = now
 
     def next_finish(self) -> float | None:
-        """Time of the next sequence completion (None when idle)."""
+        """Time of the next event of this replica: a completion, or K reaching KV capacity
+        (None when idle)."""
         while self._heap:
             fin, sid = self._heap[0]
             r = self.runs.get(sid)
@@ -123,28 +138,64 @@ class SimReplica:
             heapq.heappop(self._heap)  # stale entry of a removed sequence
         if not self._heap:
             return None
-        r = max(self._heap[0][0] - self.iters, 0.0)
-        return max(self.t, self.stall_until) + self.time_for(r)
+        start = max(self.t, self.stall_until)
+        t = start + self.time_for(max(self._heap[0][0] - self.iters, 0.0))
+        if self.n > 1 and self.kv_capacity < math.inf:
+            room = (self.kv_capacity - self.k) / self.n  # iterations until K hits capacity
+            t = min(t, start + self.time_for(max(room, 0.0)))
+        return t
+
+    def relieve(self) -> int:
+        """Preempt the newest running sequences while K is at capacity (after `advance`)."""
+        done = 0
+        while self.n > 1 and self.k >= self.kv_capacity * (1.0 - 1e-9):
+            sid = max(self.runs, key=lambda x: self.runs[x].order)
+            r = self.runs[sid]
+            gen = self.remove(sid)
+            self.paused[sid] = (r.prompt, gen, r.target)
+            done += 1
+        self.preemptions += done
+        return done
+
+    def resume(self) -> None:
+        """Restart paused sequences, oldest first, while they fit (with a re-prefill each)."""
+        while self.paused:
+            sid = next(iter(self.paused))
+            prompt, gen, target = self.paused[sid]
+            if self.n and self.k + prompt + gen > 0.95 * self.kv_capacity:
+                break
+            del self.paused[sid]
+            self.add(sid, prompt, gen, target, self.model.prefill_time(prompt + gen))
 
     # -- membership --------------------------------------------------------------------------
     def add(self, seq_id: int, prompt_len: int, generated: int, target: int, prefill_s: float) -> None:
         """Start a sequence (after `advance(now)`): prefill stalls decode for `prefill_s`."""
-        if seq_id in self.runs:
-            raise RuntimeError(f"seq {seq_id} is already running on {self.replica_id}")
+        if seq_id in self.runs or seq_id in self.paused:
+            raise RuntimeError(f"seq {seq_id} is already on {self.replica_id}")
         length = prompt_len + generated
+        if self.n and self.k + length > self.kv_capacity:  # no room: waits inside the engine
+            self.paused[seq_id] = (prompt_len, generated, target)
+            self.epoch += 1
+            return
         fin = self.iters + max(target - generated, 0)
-        self.runs[seq_id] = _Run(generated, self.iters, length, fin, target)
+        self._order += 1
+        self.runs[seq_id] = _Run(prompt_len, generated, self.iters, length, fin, target, self._order)
         self.k += length
         heapq.heappush(self._heap, (fin, seq_id))
         self.stall_until = max(self.stall_until, self.t) + prefill_s
         self.epoch += 1
 
     def generated(self, seq_id: int) -> int:
+        if seq_id in self.paused:
+            return self.paused[seq_id][1]
         r = self.runs[seq_id]
         return min(r.target, r.gen0 + int(math.floor(self.iters - r.iter0 + _EPS)))
 
     def remove(self, seq_id: int) -> int:
         """Stop a sequence (after `advance(now)`); returns its generated tokens."""
+        if seq_id in self.paused:
+            self.epoch += 1
+            return self.paused.pop(seq_id)[1]
         r = self.runs.pop(seq_id)
         gen = min(r.target, r.gen0 + int(math.floor(self.iters - r.iter0 + _EPS)))
         self.k -= r.length0 + (self.iters - r.iter0)
@@ -173,5 +224,11 @@ class SimReplica:
         self.epoch += 1
 
     def snapshot(self) -> dict[int, int]:
-        """seq_id -> generated tokens now."""
-        return {sid: self.generated(sid) for sid in self.runs}
+        """seq_id -> generated tokens now (paused sequences included)."""
+        out = {sid: self.generated(sid) for sid in self.runs}
+        out.update((sid, p[1]) for sid, p in self.paused.items())
+        return out
+
+    @property
+    def empty(self) -> bool:
+        return not self.runs and not self.paused

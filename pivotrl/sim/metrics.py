@@ -40,9 +40,17 @@ class RunStats:
         self.window0: float | None = None
         self.base: dict[str, Any] | None = None
         self.last_step_end = 0.0
+        self.peak_kv = {r: 0.0 for r in INFERENCE_ROLES}  # max K / capacity over replicas
+        self.preemptions = 0  # of retired replicas; live ones are added in the summary
 
     # -- recording ---------------------------------------------------------------------------
+    def note_kv(self, rep: "SimReplica", role: Role) -> None:
+        cap = self.s.costs[role].kv_capacity
+        self.peak_kv[role] = max(self.peak_kv[role], rep.peak_k / cap if cap else 0.0)
+
     def retire(self, rep: "SimReplica", role: Role) -> None:
+        self.note_kv(rep, role)
+        self.preemptions += rep.preemptions
         acc = self.retired[role]
         acc[0] += rep.busy_s * rep.tp
         acc[1] += rep.high_s * rep.tp
@@ -68,6 +76,7 @@ class RunStats:
         out = {r: list(v) for r, v in self.retired.items()}
         for rid, rep in rt.replicas.items():
             rep.advance(rt.now)
+            self.note_kv(rep, rt.role_of[rid])
             acc = out[rt.role_of[rid]]
             acc[0] += rep.busy_s * rep.tp
             acc[1] += rep.high_s * rep.tp
@@ -151,6 +160,8 @@ class RunStats:
             "planner_overhead_s": end["planner_s"], "planner_calls": end["planner_calls"],
             "planner_decisions": self.decisions,
             "aborts": self.aborts, "reprefills": self.reprefills,
+            "peak_kv_utilisation": {r.value: v for r, v in self.peak_kv.items()},
+            "kv_preemptions": self.preemptions + sum(rep.preemptions for rep in rt.replicas.values()),
             "allocation": {r.value: v for r, v in s.allocation.items()},
             "sim_time_s": rt.now, "wall_s": wall_s,
             "step_time_s": [r["step_time_s"] for r in self.rows],

@@ -198,12 +198,14 @@ class SimRuntime:
         rep = self.replicas[rid]
         rep.advance(self.now)
         role = self.role_of[rid]
+        rep.relieve()  # KV full: the engine pauses its newest sequences
         while not self.done and self.replicas.get(rid) is rep:
             got = rep.pop_finished()
             if got is None:
                 break
             sid, gen = got
             self.truth[role].pop(sid, None)
+            rep.resume()
             self._handle(SequenceFinished(self.now, role=role, seq_id=sid, generated=gen, replica_id=rid))
         self._reschedule(rid)
 
@@ -255,6 +257,7 @@ class SimRuntime:
             rep.advance(self.now)
             if mv.kind == "abort":
                 self.truth[role][mv.seq_id] = rep.remove(mv.seq_id)
+                rep.resume()
                 self.stats.aborts += 1
             else:
                 L = wl.lengths(mv.seq_id)
@@ -280,8 +283,8 @@ class SimRuntime:
             rep = self.replicas.pop(s.slot_id, None)
             if rep is None:
                 raise RuntimeError(f"shift down of {s.slot_id}: no such replica")
-            if rep.runs:
-                raise RuntimeError(f"shift down of {s.slot_id} with {rep.n} sequences still running")
+            if not rep.empty:
+                raise RuntimeError(f"shift down of {s.slot_id} with {rep.n + len(rep.paused)} sequences on it")
             rep.advance(self.now)
             self.stats.retire(rep, self.role_of.pop(s.slot_id))
             down_s = max(down_s, self.s.costs[s.role].shift_down_s)
@@ -297,7 +300,7 @@ class SimRuntime:
             if s.role in INFERENCE_ROLES:
                 c = self.s.costs[s.role]
                 self.replicas[s.slot_id] = SimReplica(s.slot_id, c.model, c.tp, self.now,
-                                                      LOW_FRACTION * self.peak[s.role])
+                                                      LOW_FRACTION * self.peak[s.role], c.kv_capacity)
                 self.role_of[s.slot_id] = s.role
                 caps[s.slot_id] = c.kv_capacity
         self._handle(ShiftDone(self.now, plan=plan, kv_capacity=caps, seconds=(down_s, up_s),

@@ -74,3 +74,21 @@ def test_abort_keeps_tokens_and_prefill_stalls():
     assert r.n == 0 and r.k == 0.0
     r.add(1, 100, gen, 1000, prefill_s=0.0)
     assert r.next_finish() == pytest.approx(r.t + r.time_for(1000 - gen))
+
+
+def test_kv_overflow_pauses_newest_and_resumes_without_losing_tokens():
+    rep = SimReplica("r", MODEL, 1, 0.0, kv_capacity=3000)
+    for i in range(8):  # 8 x 100 prompt tokens fit now; they grow to 8 x 600 > 3000
+        rep.add(i, 100, 0, 500, prefill_s=0.0)
+    done = {}
+    while not rep.empty:
+        t = rep.next_finish()
+        assert t is not None, "a paused sequence was left without a way to resume"
+        rep.advance(t)
+        rep.relieve()
+        assert rep.k <= 3000 * (1 + 1e-6) or rep.n == 1
+        while (item := rep.pop_finished()) is not None:
+            done[item[0]] = item[1]
+            rep.resume()
+    assert done == {i: 500 for i in range(8)}
+    assert rep.preemptions > 0

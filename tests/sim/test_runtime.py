@@ -53,7 +53,7 @@ def test_every_mode_trains_every_sample_once_within_staleness(make_cfg, mode, gr
     for r in INFERENCE_ROLES:
         rt.ctrl.sched[r].check_invariants()
         assert rt.ctrl.sched[r].num_sequences() == 0
-    assert all(not rep.runs for rep in rt.replicas.values())
+    assert all(rep.empty for rep in rt.replicas.values())
     assert rt.ctrl.pipe.trained_samples == 4 * per_batch
     assert summary["throughput_tokens_per_s"] > 0
     assert 0 < summary["ideal_efficiency"] <= 1.0
