@@ -159,12 +159,14 @@ class BootstrapConfig:
     """SFT optimizer steps for the policy (small on purpose: the policy should be partly right)."""
     policy_label_noise: float = 0.5
     """Fraction of policy SFT answers replaced by a near miss, so sampling is partly right."""
-    genrm_steps: int = 300
+    genrm_steps: int = 400
     """SFT optimizer steps for the GenRM."""
     genrm_init_from_policy: bool = True
     """Start the GenRM from the SFT policy's weights (it already reads the problems and knows some
     arithmetic), as reward models are usually initialised from the SFT model. Needs `genrm` and
     `policy` to have the same dimensions; otherwise the GenRM starts from random weights."""
+    genrm_score_weight: float = 2.0
+    """Loss weight of the GenRM's score token(s) relative to its check text."""
     genrm_wrong_fraction: float = 0.5
     """Fraction of GenRM SFT examples whose response is wrong (teaches 'score: 0')."""
     batch_size: int = 64

@@ -46,7 +46,7 @@ from pivotrl.rl.genrm import judge_messages, parse_score, reference_judgement, P
 from pivotrl.rl.rewards import extract_answer, verifiable_score
 
 # Bump when the SFT recipe changes in a way the config does not capture, to invalidate caches.
-BOOTSTRAP_VERSION = 2
+BOOTSTRAP_VERSION = 3
 
 
 @dataclass
@@ -98,7 +98,8 @@ def genrm_example(rng: random.Random, data: DataConfig, wrong_fraction: float) -
         else:  # malformed: no final answer line, or a truncated one
             response = f"{a}{op}{b}={c}" if rng.random() < 0.5 else f"{a}{op}{b}="
     score = verifiable_score(response, str(c))
-    return judge_messages(prompt, response), reference_judgement(f"{a}{op}{b}={c}", score)
+    return judge_messages(prompt, response), reference_judgement(f"{a}{op}{b}={c}", score,
+                                                                 extract_answer(response))
 
 
 def _encode(tok, prompt: list[dict], response: str) -> tuple[list[int], int]:
@@ -106,22 +107,38 @@ def _encode(tok, prompt: list[dict], response: str) -> tuple[list[int], int]:
     return list(ids) + tok.encode(response, add_special_tokens=False) + [tok.eos_token_id], len(ids)
 
 
-def _batch(tok, pairs: list[tuple[list[dict], str]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded input ids, attention mask, and labels (-100 on prompt and padding)."""
+def _batch(tok, pairs: list[tuple[list[dict], str]], emphasis: str | None = None, weight: float = 1.0
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded input ids, attention mask, labels (-100 on prompt and padding) and per-token
+    loss weights: 1, or `weight` on the response characters after `emphasis` (char-level tokenizer,
+    so characters are tokens)."""
     enc = [_encode(tok, p, r) for p, r in pairs]
     width = max(len(ids) for ids, _ in enc)
     ids = torch.full((len(enc), width), tok.pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(enc), width), dtype=torch.long)
     labels = torch.full((len(enc), width), -100, dtype=torch.long)
-    for i, (seq, n_prompt) in enumerate(enc):
+    weights = torch.zeros((len(enc), width))
+    for i, ((seq, n_prompt), (_, response)) in enumerate(zip(enc, pairs)):
         ids[i, : len(seq)] = torch.tensor(seq)
         mask[i, : len(seq)] = 1
         labels[i, n_prompt: len(seq)] = torch.tensor(seq[n_prompt:])
-    return ids, mask, labels
+        weights[i, n_prompt: len(seq)] = 1.0
+        if emphasis is not None and emphasis in response:
+            weights[i, n_prompt + response.index(emphasis) + len(emphasis): len(seq)] = weight
+    return ids, mask, labels, weights
+
+
+def _weighted_loss(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
+                   weights: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+    tgt, w = labels[:, 1:], weights[:, 1:]
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
+                                           ignore_index=-100, reduction="none")
+    return (ce * w.reshape(-1)).sum() / w.sum().clamp_min(1e-8)
 
 
 def sft(model, tok, make_pair, steps: int, cfg: BootstrapConfig, rng: random.Random, desc: str,
-        progress: bool = True) -> list[float]:
+        progress: bool = True, emphasis: str | None = None, weight: float = 1.0) -> list[float]:
     """Plain SFT: AdamW, linear warm-up then cosine decay, loss on response tokens only."""
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
@@ -135,10 +152,10 @@ def sft(model, tok, make_pair, steps: int, cfg: BootstrapConfig, rng: random.Ran
     losses = []
     bar = tqdm(range(steps), desc=desc, disable=not progress, file=sys.stderr)
     for step in bar:
-        ids, mask, labels = _batch(tok, [make_pair(rng) for _ in range(cfg.batch_size)])
+        ids, mask, labels, weights = _batch(tok, [make_pair(rng) for _ in range(cfg.batch_size)], emphasis, weight)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss = _weighted_loss(model, ids, mask, labels, weights)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -226,8 +243,9 @@ def _build(cfg: BootstrapConfig, out: Path, progress: bool) -> dict:
             model.load_state_dict(models["policy"].state_dict())
             report["genrm_init"] = "policy"
         # SFT examples come from their own stream, disjoint in seed from the train/val parquet.
+        # The GenRM's score token carries the verdict but is one token of ~25: weight it up.
         losses = sft(model, tok, make, steps, cfg, random.Random(f"sft-{role}:{cfg.seed}"),
-                     f"bootstrap {role}", progress)
+                     f"bootstrap {role}", progress, *(("score:", cfg.genrm_score_weight) if role == "genrm" else ()))
         save_model_folder(model, out / role, arch.dtype)
         models[role] = model
         report[f"{role}_sft_seconds"] = time.perf_counter() - t

@@ -44,9 +44,13 @@ def judge_messages(prompt: list[dict[str, str]], response: str, template: str = 
     return [{"role": "user", "content": template.format(question=users[-1], response=response.strip())}]
 
 
-def reference_judgement(equation: str, score: float) -> str:
-    """What the bootstrap teaches the GenRM to write: its own check of the arithmetic, then the score."""
-    return f"check: {equation}\nscore: {score:g}"
+def reference_judgement(equation: str, score: float, response_answer: str | None = None) -> str:
+    """What the bootstrap teaches the GenRM to write: its own check of the arithmetic, the answer it
+    read from the response ("none" if there is none), then the score. Writing both numbers side by
+    side turns "is the response right" into a comparison of two adjacent numbers, which a tiny model
+    learns far faster than comparing across the prompt."""
+    got = response_answer if response_answer is not None else "none"
+    return f"check: {equation} vs {got}\nscore: {score:g}"
 
 
 @dataclass
