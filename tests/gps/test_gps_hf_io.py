@@ -65,3 +65,31 @@ def test_import_errors(tmp_path, make_store):
     assert store.models() == []
     with pytest.raises(ValueError, match="needs config="):
         export_hf(store, "x", tmp_path / "out")
+
+
+def test_moe_round_trip_with_expert_parallel_read(make_store, tmp_path):
+    from safetensors.torch import load_file
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    from tests.gps.gps_helpers import TINY_MOE
+
+    torch.manual_seed(1)
+    model = Qwen2MoeForCausalLM(Qwen2MoeConfig(**TINY_MOE, num_experts_per_tok=2)).to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "in")
+    # on disk experts are per-expert tensors (transformers fuses them only in memory)
+    disk = load_file(str(tmp_path / "in" / "model.safetensors"))
+    store = make_store(2)
+    import_hf(store, "genrm", tmp_path / "in", frozen=True)
+    devs = [Device(n, i) for n in range(2) for i in range(2)]
+    v, shards = store.read("genrm", devs, Layout(dp=2, tp=2, ep=4))
+    for r, d in enumerate(devs):  # EP rank r holds whole expert r of every layer
+        name = f"model.layers.1.mlp.experts.{r}.down_proj.weight"
+        assert torch.equal(shards[d][name], disk[name])
+        assert not any(f"experts.{(r + 1) % 4}." in k for k in shards[d])
+    export_hf(store, "genrm", tmp_path / "out")
+    out = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert out.keys() == disk.keys() and all(torch.equal(out[k], disk[k]) for k in disk)
+    back = Qwen2MoeForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.bfloat16)
+    ids = torch.arange(12).unsqueeze(0)
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, model(ids).logits)
