@@ -31,6 +31,11 @@ class Device:
     node: int
     index: int = 0
 
+    @classmethod
+    def from_global(cls, device_id: int, devices_per_node: int) -> "Device":
+        """Device `device_id` of a cluster numbered node by node (`devices_per_node` per node)."""
+        return cls(device_id // devices_per_node, device_id % devices_per_node)
+
 
 @dataclass(frozen=True)
 class LinkProfile:

@@ -2,7 +2,9 @@
 
 Owns the metadata and its invariants, under one lock:
 - a model's placement is fixed when it registers, and its memory is reserved from every node's
-  budget then (registration that does not fit raises BudgetError and changes nothing);
+  budget then (registration that does not fit raises BudgetError and changes nothing). Models
+  are placed in registration order, each replicated if what is left fits it: register the model
+  read most on the critical path (the policy) first;
 - versions are published atomically: `begin_write` hands out `v+1` invisibly, `commit` makes it
   current in one step, so `acquire` only ever sees whole versions;
 - a reader holds a lease on exactly one version; a version that is neither current nor leased is
