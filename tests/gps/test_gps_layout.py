@@ -1,8 +1,10 @@
 """Layouts: shapes from a config match transformers, partition rules, validation errors."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,5 +113,7 @@ def test_layout_field_errors():
 def test_pure_modules_import_no_torch_or_ray():
     code = ("import sys, pivotrl.gps, pivotrl.gps.planner, pivotrl.gps.placement, pivotrl.gps.versions; "
             "bad = [m for m in ('torch', 'ray', 'vllm') if m in sys.modules]; assert not bad, bad")
-    subprocess.run([sys.executable, "-c", code], check=True)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env=env)
     assert torch  # the test process itself may use torch
