@@ -155,6 +155,11 @@ class ShmTransport(Transport):
         self._pool: dict[int, list[torch.Tensor]] = {}
         self._tag = f"pivotrl-gps-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
+    def __getstate__(self) -> dict:
+        raise TypeError("the 'shm' GPS transport lives in one process and cannot be pickled (it would "
+                        "copy every buffer); share a store across processes with "
+                        "pivotrl.gps.ray_transport.make_ray_store")
+
     def allocate(self, node: int, key: str, nbytes: int) -> BufferRef:
         path = os.path.join(self.dir, f"{self._tag}-{key}")
         pooled = self._pool.get(nbytes)
