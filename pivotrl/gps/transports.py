@@ -67,9 +67,10 @@ _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     """`dst.copy_(src)`, except strided host-to-host copies (row-parallel TP slices: many short
-    rows) go through numpy's `copyto`, which moves such 2-D blocks near memcpy speed where torch's
-    single-threaded strided copy is markedly slower (see bench gps). The bytes are reinterpreted
-    as same-width integers, so bf16 works and values are copied bit for bit."""
+    rows) go through numpy's `copyto`. On the 2-core dev VM, copying 2.8 KB-row column blocks ran
+    at 0.6-0.77x a contiguous memcpy with numpy and 0.55-0.7x with torch's single-threaded
+    strided copy (noisy, shared machine). The bytes are reinterpreted as same-width integers, so
+    bf16 works and values are copied bit for bit."""
     if (dst.device.type == "cpu" and src.device.type == "cpu" and dst.dtype == src.dtype
             and not (dst.is_contiguous() and src.is_contiguous()) and dst.element_size() in _INT_OF_SIZE
             and dst.numel()):
