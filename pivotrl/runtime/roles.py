@@ -180,11 +180,14 @@ class InferenceHost(RoleHost):
     def shift_down(self) -> ShiftTiming:
         t0 = time.perf_counter()
         aborted: dict[int, list[int]] = {}
+        detail: dict[str, float] = {}
         if self.engine is not None and self.active:
             aborted = self.engine.abort(None)  # normally empty; never drop tokens
+            t1 = time.perf_counter()
             self.engine.release_memory()
+            detail = {"abort_s": t1 - t0, "release_s": time.perf_counter() - t1}
         self.active = False
-        return ShiftTiming(self.role.value, "down", time.perf_counter() - t0, aborted=aborted)
+        return ShiftTiming(self.role.value, "down", time.perf_counter() - t0, aborted=aborted, detail=detail)
 
     def close(self) -> None:
         if self.engine is not None:
