@@ -23,9 +23,10 @@ class RuntimeConfig:
 
     engine: EngineConfig = field(default_factory=_engine)
     """Every inference replica's engine (rollout and reward); `name=cpu` on `local`."""
-    lr: float = 1e-4
-    """Policy learning rate of the GRPO trainer (AdamW, constant)."""
-    micro_batch_size: int = 32
+    lr: float = 5e-4
+    """Policy learning rate of the GRPO trainer (AdamW, constant); the synchronous proof loop's
+    value on the same tiny models (`SyncLoopConfig.lr`)."""
+    micro_batch_size: int = 64
     """Trainer micro-batch (sequences per forward/backward on one rank)."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """R = w_v * R_verifiable + w_g * R_genrm and the GenRM output parser."""
@@ -35,8 +36,11 @@ class RuntimeConfig:
     """Sampling temperature of policy rollouts (GRPO needs diverse groups)."""
     max_response_tokens: int | None = None
     """Policy response cap; None = `bootstrap.data.max_response_length`."""
-    val_size: int = 100
-    """Held-out prompts for `val_accuracy_before/after` (greedy)."""
+    val_size: int = 200
+    """Held-out prompts for `val_accuracy_before/after`."""
+    eval_samples: int = 2
+    """Sampled responses per held-out prompt: `val_accuracy_*` is their accuracy at the rollout
+    temperature (greedy accuracy is reported beside it as `val_accuracy_greedy_*`)."""
     poll_s: float = 0.05
     """Longest a device poll waits for a completion before returning its progress."""
     fit_every_s: float = 5.0
@@ -54,8 +58,8 @@ class RuntimeConfig:
                 raise ValueError(f"runtime.{name} must be > 0, got {getattr(self, name)}")
         if self.tau_shift_prior_s < 0:
             raise ValueError(f"runtime.tau_shift_prior_s must be >= 0, got {self.tau_shift_prior_s}")
-        if self.val_size < 1 or self.micro_batch_size < 1:
-            raise ValueError(f"runtime.val_size and runtime.micro_batch_size must be >= 1, got "
-                             f"{self.val_size}, {self.micro_batch_size}")
+        if self.val_size < 1 or self.micro_batch_size < 1 or self.eval_samples < 1:
+            raise ValueError(f"runtime.val_size, micro_batch_size and eval_samples must be >= 1, got "
+                             f"{self.val_size}, {self.micro_batch_size}, {self.eval_samples}")
         if self.rollout_temperature < 0:
             raise ValueError(f"runtime.rollout_temperature must be >= 0, got {self.rollout_temperature}")

@@ -217,8 +217,9 @@ class LocalSetup:
 
     # ------------------------------------------------------------------ samples
     def _encode(self, messages: list[dict[str, str]]) -> list[int]:
-        text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+        from pivotrl.rl.sync_loop import encode_prompt  # the one prompt encoding of the project
+
+        return encode_prompt(self.tok, messages, self.rt.bootstrap.data.max_prompt_length)
 
     def batch_of(self, sid: int) -> int:
         return sid // (self.P * self.G)
@@ -265,20 +266,29 @@ class LocalSetup:
                           group_ids=[s // self.G for s in ids])
 
     # ------------------------------------------------------------------ evaluation
-    def val_accuracy(self, gps_model: str | None) -> float:
-        """Greedy held-out accuracy of the bootstrap policy (None) or of GPS's current `gps_model`."""
+    def val_accuracy(self, gps_model: str | None) -> dict[str, float]:
+        """Held-out accuracy of the start policy (None) or of GPS's current `gps_model`: sampled at
+        the rollout temperature (`runtime.eval_samples` per prompt, the headline figure) and greedy,
+        measured by the synchronous loop's own `evaluate` on a CPU engine in the driver."""
         import ray
-        from transformers import AutoModelForCausalLM
 
-        from pivotrl.models.bootstrap import evaluate_policy
+        from pivotrl.config.engine import EngineConfig
+        from pivotrl.config.rl import SyncLoopConfig
+        from pivotrl.engines.registry import create_engine
+        from pivotrl.rl.sync_loop import evaluate
 
-        model = AutoModelForCausalLM.from_pretrained(str(self.policy_path))
-        if gps_model is not None:
-            ref, _ = self.params.read(gps_model)
-            model.load_state_dict(ray.get(ref), strict=False)
-        model.eval()
-        acc, _ = evaluate_policy(model, self.tok, self.val_examples, 0.0, self.max_response)
-        return float(acc)
+        eng = create_engine(self.policy_path, EngineConfig(name="cpu", num_threads=1))
+        try:
+            if gps_model is not None:
+                ref, version = self.params.read(gps_model)
+                eng.load_weights(ray.get(ref), version)
+            scfg = SyncLoopConfig(temperature=self.rt.rollout_temperature, eval_samples=self.rt.eval_samples,
+                                  seed=int(self.cfg.seed))
+            res = evaluate(eng, self.tok, self.val_examples, scfg, self.rt.bootstrap.data.max_prompt_length,
+                           self.max_response)
+        finally:
+            eng.shutdown()
+        return {"sampled": float(res["val_acc_sampled"]), "greedy": float(res["val_acc_greedy"])}
 
 
 def print_summary_table(summary: dict[str, Any]) -> None:
@@ -289,6 +299,9 @@ def print_summary_table(summary: dict[str, Any]) -> None:
         ("throughput tokens/s", f"{summary.get('throughput_tokens_per_s', 0.0):.1f}"),
         ("val accuracy before -> after",
          f"{summary.get('val_accuracy_before', float('nan')):.3f} -> {summary.get('val_accuracy_after', float('nan')):.3f}"),
+        ("  greedy before -> after",
+         f"{summary.get('val_accuracy_greedy_before', float('nan')):.3f} -> "
+         f"{summary.get('val_accuracy_greedy_after', float('nan')):.3f}"),
         ("shifts", str(summary.get("num_shifts"))),
         ("tau_shift s (up+down)", ", ".join(f"{k}={v:.2f}" for k, v in (summary.get("tau_shift") or {}).items())),
         ("training device-s", f"{summary.get('train_busy_device_s', 0.0):.1f}"),

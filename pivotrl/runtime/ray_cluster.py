@@ -36,10 +36,12 @@ def run_ray(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
     setup = LocalSetup(cfg, rt, Path(run_dir), accelerator="cuda")
     try:
         setup.start()
-        summary = {"val_accuracy_before": setup.val_accuracy(None)}
+        before = setup.val_accuracy(None)
+        summary = {"val_accuracy_before": before["sampled"], "val_accuracy_greedy_before": before["greedy"]}
         summary.update(LocalRuntime(setup, tracker).run())
         summary["cluster"] = "ray"
-        summary["val_accuracy_after"] = setup.val_accuracy("policy")
+        after = setup.val_accuracy("policy")
+        summary.update(val_accuracy_after=after["sampled"], val_accuracy_greedy_after=after["greedy"])
         summary["bootstrap"] = setup.bootstrap_info
         if setup.progress:
             print_summary_table(summary)
