@@ -204,6 +204,10 @@ class SyncLoopConfig:
     """Which bootstrapped policy/GenRM (and synthetic data) to start from (built if not cached)."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Reward weights, answer extraction and GenRM parsing."""
+    policy_path: str | None = None
+    """Policy model folder to start from; null: the bootstrapped policy."""
+    genrm_path: str | None = None
+    """GenRM model folder; null: the bootstrapped GenRM."""
     engine: str = "cpu"
     """Inference engine for both roles: cpu | vllm | auto (registry key of pivotrl.engines)."""
     steps: int = 20

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import itertools
 import json
 import random
@@ -32,14 +33,14 @@ import torch
 from tqdm import tqdm
 
 from pivotrl.config.engine import EngineConfig
-from pivotrl.config.rl import RewardConfig, SyncLoopConfig
+from pivotrl.config.rl import RewardConfig, SyncLoopConfig, default_cache_dir
 from pivotrl.config.trainer import TrainerConfig
 from pivotrl.engines.protocol import GenerationRequest, InferenceEngine, SamplingParams
 from pivotrl.engines.registry import create_engine
 from pivotrl.engines.trainer import TrainBatch, Trainer
 from pivotrl.models.bootstrap import bootstrap
 from pivotrl.models.tokenizer import load_tokenizer
-from pivotrl.rl.data import Example, load_examples
+from pivotrl.rl.data import Example, load_examples, write_synthetic_dataset
 from pivotrl.rl.genrm import ParseStats, judge_messages
 from pivotrl.rl.rewards import RewardFunction, verifiable_score
 
@@ -89,17 +90,38 @@ def evaluate(engine: InferenceEngine, tok, val: list[Example], cfg: SyncLoopConf
     return {"val_acc_sampled": acc_s / (len(val) * cfg.eval_samples), "val_acc_greedy": acc_g / len(val)}
 
 
+def _synthetic_data(cfg: SyncLoopConfig, cache_dir: str | Path | None) -> tuple[Path, Path]:
+    """The synthetic train/val parquet of `cfg.bootstrap.data`, cached by its settings."""
+    d = cfg.bootstrap.data
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key = hashlib.sha256(json.dumps(dataclasses.asdict(d), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    folder = root / "data" / key
+    if not (folder / "val.parquet").is_file():
+        write_synthetic_dataset(folder, d.num_train, d.num_val, d.seed, d.min_operand, d.max_operand, d.ops)
+    return folder / "train.parquet", folder / "val.parquet"
+
+
 def run_sync_loop(cfg: SyncLoopConfig, out_dir: str | Path | None = None, cache_dir: str | Path | None = None,
                   progress: bool = True) -> dict:
     """Run the loop; return a summary (accuracy before/after, steps, seconds, per-step metrics)."""
     torch.set_num_threads(cfg.num_threads)
     t_boot = time.perf_counter()
-    boot = bootstrap(cfg.bootstrap, cache_dir=cache_dir, progress=progress)
-    boot_s = time.perf_counter() - t_boot
     data = cfg.bootstrap.data
-    tok = load_tokenizer(boot.policy_path)
-    train = load_examples(boot.train_path)
-    val = load_examples(boot.val_path, limit=cfg.eval_size)
+    if cfg.policy_path is not None and cfg.genrm_path is not None:
+        policy_path, genrm_path, cached = Path(cfg.policy_path), Path(cfg.genrm_path), True
+        train_path, val_path = _synthetic_data(cfg, cache_dir)
+    else:
+        boot = bootstrap(cfg.bootstrap, cache_dir=cache_dir, progress=progress)
+        policy_path = Path(cfg.policy_path) if cfg.policy_path else boot.policy_path
+        genrm_path = Path(cfg.genrm_path) if cfg.genrm_path else boot.genrm_path
+        train_path, val_path, cached = boot.train_path, boot.val_path, boot.cached
+    # The user's parquet replaces the synthetic task.
+    train_path = Path(data.train_path) if data.train_path else train_path
+    val_path = Path(data.val_path) if data.val_path else val_path
+    boot_s = time.perf_counter() - t_boot
+    tok = load_tokenizer(policy_path)
+    train = load_examples(train_path)
+    val = load_examples(val_path, limit=cfg.eval_size)
     reward_fn = RewardFunction(cfg.reward, ParseStats())
     rng = random.Random(f"sync-loop:{cfg.seed}")
     out = Path(out_dir) if out_dir is not None else None
@@ -115,12 +137,12 @@ def run_sync_loop(cfg: SyncLoopConfig, out_dir: str | Path | None = None, cache_
                 f.write(json.dumps(rec) + "\n")
 
     ecfg = EngineConfig(name=cfg.engine, seed=cfg.seed, num_threads=cfg.num_threads)
-    policy = create_engine(boot.policy_path, ecfg)
-    genrm = create_engine(boot.genrm_path, ecfg) if reward_fn.uses_genrm else None
+    policy = create_engine(policy_path, ecfg)
+    genrm = create_engine(genrm_path, ecfg) if reward_fn.uses_genrm else None
     tcfg = TrainerConfig(lr=cfg.lr, world_size=cfg.world_size, micro_batch_size=cfg.micro_batch_size,
                          kl_coef=cfg.kl_coef, staleness=0, logprob_temperature=cfg.temperature,
                          num_threads=cfg.num_threads, seed=cfg.seed)
-    trainer = Trainer(tcfg, boot.policy_path, publish=lambda v, sd: policy.load_weights(sd, v))
+    trainer = Trainer(tcfg, policy_path, publish=lambda v, sd: policy.load_weights(sd, v))
     max_prompt = max(data.max_prompt_length, 512)  # judge prompts embed the response
     try:
         t0 = time.perf_counter()
@@ -171,7 +193,7 @@ def run_sync_loop(cfg: SyncLoopConfig, out_dir: str | Path | None = None, cache_
                 break
         summary = {"before": before, "after": last_eval, "steps": records[-1]["step"],
                    "policy_version": trainer.version, "loop_seconds": time.perf_counter() - t_start,
-                   "bootstrap_seconds": boot_s, "bootstrap_cached": boot.cached,
+                   "bootstrap_seconds": boot_s, "bootstrap_cached": cached,
                    "genrm_parse": reward_fn.stats.as_dict(), "engine": policy.name, "records": records}
     finally:
         trainer.close()
@@ -197,13 +219,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world-size", type=int, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--cache-dir", type=Path, default=None)
+    p.add_argument("--policy-path", default=None, help="start from this policy folder (default: bootstrap)")
+    p.add_argument("--genrm-path", default=None, help="GenRM folder (default: bootstrap)")
     p.add_argument("--out", type=Path, default=None, help="folder for config.json, metrics.jsonl, summary.json")
     p.add_argument("--json", type=Path, default=None, help="write the summary here too")
     a = p.parse_args(argv)
     over = {k: v for k, v in {"steps": a.steps, "max_minutes": a.max_minutes, "engine": a.engine, "lr": a.lr,
                               "prompts_per_step": a.prompts_per_step, "group_size": a.group_size,
                               "eval_size": a.eval_size, "eval_every": a.eval_every, "world_size": a.world_size,
-                              "seed": a.seed}.items() if v is not None}
+                              "seed": a.seed, "policy_path": a.policy_path,
+                              "genrm_path": a.genrm_path}.items() if v is not None}
     if a.genrm_weight is not None:
         over["reward"] = RewardConfig(genrm_weight=a.genrm_weight)
     s = run_sync_loop(SyncLoopConfig(**over), a.out, a.cache_dir)
