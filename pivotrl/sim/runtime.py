@@ -251,7 +251,7 @@ class SimRuntime:
 
     def _dispatch(self, act: Dispatch) -> None:
         role, costs, wl = act.role, self.s.costs[act.role], self.s.workload
-        dirty = set()
+        dirty: dict[str, None] = {}  # ordered: a str set's order varies with PYTHONHASHSEED
         for mv in act.moves:
             rep = self.replicas[mv.replica_id]
             rep.advance(self.now)
@@ -269,7 +269,7 @@ class SimRuntime:
                 rep.add(mv.seq_id, prompt, gen, target, costs.model.prefill_time(prompt + gen))
                 if gen:
                     self.stats.reprefills += 1
-            dirty.add(mv.replica_id)
+            dirty[mv.replica_id] = None
         for rid in dirty:
             self._reschedule(rid)
 

@@ -101,3 +101,24 @@ def test_run_sim_writes_run_files(make_cfg, tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     kinds = {json.loads(x)["kind"] for x in (tmp_path / "timeline.jsonl").read_text().splitlines()}
     assert {"allocation", "shift"} <= kinds
+
+
+def test_results_do_not_depend_on_the_hash_seed():
+    """Two interpreters with different PYTHONHASHSEED give the same figures (no str-set order
+    leaks into event order)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from tests.sim.conftest import sim_config\n"
+            "from pivotrl.sim.runtime import simulate\n"
+            "from pivotrl.core.types import Role\n"
+            "cfg = sim_config('models=qwen7b_qwen30b', 'deploy=disaggregated', " + ", ".join(repr(x) for x in SMALL) + ")\n"
+            "print(simulate(cfg, {Role.ROLLOUT: 2, Role.REWARD: 4, Role.TRAIN: 2})['throughput_tokens_per_s'])\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    outs = set()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": root}
+        outs.add(subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True,
+                                text=True, check=True).stdout.strip())
+    assert len(outs) == 1, outs
