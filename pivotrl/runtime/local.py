@@ -74,6 +74,7 @@ class LocalRuntime:
         self.rows: list[dict[str, Any]] = []
         self.counts = {"aborts": 0, "resumes": 0, "shifts": 0, "device_deaths": 0, "stale_completions": 0}
         self.busy = {r.value: 0.0 for r in (*INFERENCE_ROLES, Role.TRAIN)}
+        self.held = {k: 0.0 for k in ("rollout", "reward", "train", "free")}
 
     @property
     def now(self) -> float:
@@ -101,7 +102,12 @@ class LocalRuntime:
         tick_s = self.ctrl.tick_s
         next_tick = self.now + tick_s if tick_s else None
         next_fit = self.now + self.rt.fit_every_s
+        last = self.now
         while not self.done:
+            t = self.now
+            for r in self.ex.role_of.values():  # device-seconds each role held (time per role)
+                self.held[r.value if r is not None else "free"] += t - last
+            last = t
             if self.now > self.rt.max_wall_s:
                 raise RuntimeError(f"local run passed runtime.max_wall_s={self.rt.max_wall_s}s at step "
                                    f"{self.ctrl.step}/{self.s.steps} (state {self.ctrl.state()})")
@@ -412,6 +418,7 @@ class LocalRuntime:
             "shift_log": self.ex.shift_log,
             "tau_shift": {r.value: v for r, v in self.ex.tau_shift.items()},
             "train_busy_device_s": self.busy["train"],
+            "device_seconds_by_role": dict(self.held),
             "samples_trained": len(self.trained_ids),
             "samples_trained_unique": len(set(self.trained_ids)),
             "policy_version": self.ctrl.pipe.version,

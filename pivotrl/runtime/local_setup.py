@@ -216,10 +216,12 @@ class LocalSetup:
                         engine=self.rt.engine)
 
     # ------------------------------------------------------------------ samples
-    def _encode(self, messages: list[dict[str, str]]) -> list[int]:
+    def _encode(self, messages: list[dict[str, str]], extra: int = 0) -> list[int]:
+        """Chat-template ids; `extra` tokens of room beyond `data.max_prompt_length` (judge
+        prompts carry the response and the judge template too)."""
         from pivotrl.rl.sync_loop import encode_prompt  # the one prompt encoding of the project
 
-        return encode_prompt(self.tok, messages, self.rt.bootstrap.data.max_prompt_length)
+        return encode_prompt(self.tok, messages, self.rt.bootstrap.data.max_prompt_length + extra)
 
     def batch_of(self, sid: int) -> int:
         return sid // (self.P * self.G)
@@ -248,7 +250,8 @@ class LocalSetup:
         from pivotrl.rl.genrm import judge_messages
 
         ex = self.train_examples[self.example_of(sid)]
-        return self._encode(judge_messages(ex.prompt, self._text(response_ids)))
+        # room for the response (at most max_response tokens) and the judge template around it
+        return self._encode(judge_messages(ex.prompt, self._text(response_ids)), extra=self.max_response + 64)
 
     def score(self, sid: int, response_ids: list[int], genrm_ids: list[int]) -> Any:
         ex = self.train_examples[self.example_of(sid)]
@@ -304,7 +307,9 @@ def print_summary_table(summary: dict[str, Any]) -> None:
          f"{summary.get('val_accuracy_greedy_after', float('nan')):.3f}"),
         ("shifts", str(summary.get("num_shifts"))),
         ("tau_shift s (up+down)", ", ".join(f"{k}={v:.2f}" for k, v in (summary.get("tau_shift") or {}).items())),
-        ("training device-s", f"{summary.get('train_busy_device_s', 0.0):.1f}"),
+        ("device-s held per role", ", ".join(f"{k}={v:.0f}" for k, v in
+                                            (summary.get("device_seconds_by_role") or {}).items())),
+        ("training step device-s", f"{summary.get('train_busy_device_s', 0.0):.1f}"),
         ("wall s", f"{summary.get('wall_s', 0.0):.1f}"),
     ]
     w = max(len(k) for k, _ in rows)

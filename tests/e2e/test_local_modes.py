@@ -58,7 +58,7 @@ def _kill_when_busy(ray, name: str, out: dict, timeout: float = 300.0) -> None:
             time.sleep(0.2)
             continue
         if info["role"] == "rollout" and info["live_sequences"] > 0:
-            time.sleep(0.5)
+            time.sleep(0.3)  # let polls report some tokens first
             ray.kill(actor, no_restart=True)
             out["killed"] = info
             return
@@ -68,7 +68,7 @@ def _kill_when_busy(ray, name: str, out: dict, timeout: float = 300.0) -> None:
 def test_killed_device_loses_no_sample(ray_session, tiny_assets, tmp_path):
     from pivotrl.run import run
 
-    cfg = make_local_cfg(tiny_assets, "disaggregated", max_response_tokens=48)
+    cfg = make_local_cfg(tiny_assets, "disaggregated", max_response_tokens=96)
     killed: dict = {}
     t = threading.Thread(target=_kill_when_busy, args=(ray_session, "pivotrl-device0-gen0", killed), daemon=True)
     t.start()
@@ -80,6 +80,10 @@ def test_killed_device_loses_no_sample(ray_session, tiny_assets, tmp_path):
     assert summary["samples_trained"] == summary["samples_trained_unique"] == 2 * 2 * 4
     deaths = [r for r in _timeline(tmp_path) if r["kind"] == "device_death"]
     assert deaths and deaths[0]["device"] == 0 and deaths[0]["role"] == "rollout"
+    lost = deaths[0]["sequences"]
+    assert lost, "the killed device held sequences"
+    assert any(n > 0 for n in deaths[0]["tokens_kept"].values()), "their reported tokens were kept"
+    assert summary["resumes"] >= 1, "kept tokens were resubmitted (resume by re-prefill)"
 
 
 def test_resume_reaches_the_uninterrupted_step_and_version(ray_session, tiny_assets, tmp_path):
