@@ -74,6 +74,12 @@ class DeviceWorker:
 
         self.device = int(device)
         self.threads = int(threads)
+        try:  # per-shift weight loads would otherwise print a progress bar per device to the driver
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        except ImportError:
+            pass
         torch.set_num_threads(self.threads)
         os.environ["OMP_NUM_THREADS"] = str(self.threads)
         self.cores: list[int] | None = None
