@@ -210,8 +210,8 @@ class SyncLoopConfig:
     """GenRM model folder; null: the bootstrapped GenRM."""
     engine: str = "cpu"
     """Inference engine for both roles: cpu | vllm | auto (registry key of pivotrl.engines)."""
-    steps: int = 20
-    """Most GRPO steps."""
+    steps: int = 200
+    """Most GRPO steps (the `max_minutes` budget usually ends the run first)."""
     max_minutes: float = 10.0
     """Stop after the step that crosses this wall-clock budget (bootstrap excluded)."""
     prompts_per_step: int = 32
@@ -220,7 +220,7 @@ class SyncLoopConfig:
     """G: responses per prompt (GRPO group)."""
     temperature: float = 1.0
     """Rollout sampling temperature (also the temperature of the reported sampled accuracy)."""
-    lr: float = 5e-4
+    lr: float = 3e-4
     """Trainer learning rate (AdamW)."""
     world_size: int = 1
     """Trainer FSDP2 ranks (1 hosts the trainer in this process)."""

@@ -1,9 +1,9 @@
 """SFT bootstrap of the tiny policy and GenRM, cached in the user cache folder.
 
 Owns: making the SFT examples (policy: problem -> equation + `#### answer`, with near-miss label
-noise so the policy is only partly right; GenRM: problem + response -> `check: <equation>` +
-`score: 0|1`), the SFT loop, the held-out measurements (policy accuracy, GenRM agreement and AUC),
-and the cache (`$PIVOTRL_CACHE` or `~/.cache/pivotrl`, keyed by a hash of the config).
+noise so the policy is only partly right; GenRM: problem + response -> `check: <equation> vs
+<response's answer>` + `score: 0|1`, initialised from the SFT policy), the SFT loop, the held-out
+measurements (policy accuracy, GenRM agreement and AUC), and the cache (`$PIVOTRL_CACHE` or `~/.cache/pivotrl`, keyed by a hash of the config).
 
 Public API:
     bootstrap(cfg=BootstrapConfig(), cache_dir=None, force=False, progress=True) -> BootstrapResult
@@ -19,6 +19,10 @@ Why label noise: RL needs a policy that is sometimes right and sometimes wrong o
 (GRPO learns nothing from a group of equal rewards). Near-miss answers (off by 1 or 2) are the
 mistakes a real model makes on arithmetic, and they keep the correct answer the most likely one, so
 RL has something to sharpen.
+
+Measured (default config, 2026-11-30, this 2-core machine shared with other jobs at load 5-15):
+policy val accuracy 0.28 sampled at T=1 / 0.625 greedy; GenRM on the policy's own samples:
+agreement 0.865, AUC 0.91, 0 parse failures; 744 s wall, 270 s process CPU (one thread).
 """
 from __future__ import annotations
 
