@@ -18,6 +18,10 @@ Decisions:
   dead training rank is fatal (its process group is gone): the run stops with that error.
 - The throughput model starts from a prior and is refitted online from engine iteration samples
   (`monitor.py`); `tau_shift` starts at `runtime.tau_shift_prior_s` and follows measured shifts.
+- Train batches carry no behaviour log-probs (the engines do not return per-token log-probs), so
+  the trainer treats a stale sample as on-policy (ratio 1). Measured on the tiny task (6 steps,
+  lr 5e-4): staleness 0 is stable and pivot equals colocated step for step; with staleness 2 the
+  policy degrades. Passing engine log-probs as `TrainBatch.old_log_probs` is the fix.
 """
 from __future__ import annotations
 
