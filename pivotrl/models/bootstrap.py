@@ -296,11 +296,14 @@ def bootstrap(cfg: BootstrapConfig | None = None, cache_dir: str | Path | None =
         tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-{os.getpid()}-", dir=entry.parent))
         try:
             _build(cfg, tmp, progress)
-            if entry.exists():
-                old = entry.with_name(f".{entry.name}.old-{os.getpid()}")
-                os.replace(entry, old)
-                shutil.rmtree(old, ignore_errors=True)
-            os.replace(tmp, entry)
+            if entry.exists() and not force:
+                pass  # another process finished the same entry first: keep theirs, drop ours
+            else:
+                if entry.exists():
+                    old = entry.with_name(f".{entry.name}.old-{os.getpid()}")
+                    os.replace(entry, old)
+                    shutil.rmtree(old, ignore_errors=True)
+                os.replace(tmp, entry)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     report = json.loads((entry / "report.json").read_text())
