@@ -8,6 +8,11 @@ Ideal bound: every device always busy at its role's best per-device throughput, 
 `(W_rollout + W_reward + W_train) / devices`, where W_role is decode tokens / peak per-device
 tokens/s plus prefill device-seconds, and W_train the training compute device-seconds (the fixed
 per-step overhead T_fixed is left out: it is not work a device does, so the bound stays a bound).
+
+Measurement window. With staleness s, up to s batches are generated during the warm-up step, and
+their inference work is then missing from the measured window's wall time. Windows shorter than
+about 2*(s+1) measured steps therefore overstate throughput (efficiency can even exceed 1 at s=5
+with 6 measured steps); at s=2, 6 measured steps (train.steps=7) cover two whole cycles.
 """
 from __future__ import annotations
 
