@@ -70,7 +70,8 @@ def main(argv: list[str]) -> int:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--groups", nargs="*", default=GROUPS)
     p.add_argument("--modes", nargs="*", default=MODES)
-    p.add_argument("--steps", type=int, default=6, help="RL steps per run, warm-up (1) included")
+    p.add_argument("--steps", type=int, default=7,
+                   help="RL steps per run, warm-up (1) included; 7 = 6 measured = two whole staleness-2 cycles")
     p.add_argument("--fresh", action="store_true", help="sweep into an empty cache (cold timing)")
     p.add_argument("--cache-dir", type=Path, default=None)
     p.add_argument("--override", nargs="*", default=[], help="extra Hydra overrides for every run")
