@@ -1,8 +1,9 @@
 """End to end on `cluster=local`: every deployment mode trains 2 steps on tiny models, and a device
 actor killed during rollout costs no sample (none lost, none trained twice).
 
-Each run starts 4 device actors that import torch and transformers: about a minute per run on 2
-loaded cores, so these are `slow`. One Ray session for the module; every run attaches to it.
+Each run starts 4 device actors that import torch and transformers (20-60 s per run on 2 cores),
+so all but the default mode (`pivot`, the embedded default of `python train.py`) are `slow`.
+One Ray session for the module; every run attaches to it.
 """
 from __future__ import annotations
 
@@ -14,9 +15,8 @@ import pytest
 
 from tests.e2e.conftest import make_local_cfg
 
-pytestmark = pytest.mark.slow
-
-MODES = ["colocated", "disaggregated", "rr_colocated", "pivot"]
+MODES = [pytest.param("colocated", marks=pytest.mark.slow), pytest.param("disaggregated", marks=pytest.mark.slow),
+         pytest.param("rr_colocated", marks=pytest.mark.slow), "pivot"]
 
 
 def _timeline(run_dir):
@@ -65,6 +65,7 @@ def _kill_when_busy(ray, name: str, out: dict, timeout: float = 300.0) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_killed_device_loses_no_sample(ray_session, tiny_assets, tmp_path):
     from pivotrl.run import run
 
@@ -86,6 +87,7 @@ def test_killed_device_loses_no_sample(ray_session, tiny_assets, tmp_path):
     assert summary["resumes"] >= 1, "kept tokens were resubmitted (resume by re-prefill)"
 
 
+@pytest.mark.slow
 def test_resume_reaches_the_uninterrupted_step_and_version(ray_session, tiny_assets, tmp_path):
     """A run stopped after its step-1 checkpoint, restarted with train.resume=true in the same folder,
     trains only step 2 and ends at the step count and policy version of an uninterrupted 2-step run."""
@@ -103,6 +105,7 @@ def test_resume_reaches_the_uninterrupted_step_and_version(ray_session, tiny_ass
     assert any(r["kind"] == "resume" and r["version"] == 1 for r in _timeline(tmp_path))
 
 
+@pytest.mark.slow
 def test_device_killed_before_shift_up_is_respawned_and_shifted(ray_session, tiny_assets):
     """Mid-shift fault at the executor: a device whose actor died is respawned on its bundle and the
     shift still brings every slot up; the measured halves feed tau_shift."""
