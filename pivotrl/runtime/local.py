@@ -26,7 +26,6 @@ Decisions:
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -34,9 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from pivotrl.config.runtime import RuntimeConfig
-from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import INFERENCE_ROLES, Role, Slot
-from pivotrl.deploy import ControlEnv, make_controller
+from pivotrl.deploy import make_controller
 from pivotrl.deploy.events import (
     Dispatch, Finish, PublishWeights, Record, SequenceFinished, ShiftDone, Start, StartShift, StartTraining,
     StepDone, Tick, TrainingDone,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -317,7 +316,3 @@ def print_summary_table(summary: dict[str, Any]) -> None:
     for k, v in rows:
         print(f"{k:<{w}}  {v}")
     print("-" * (w + 30), flush=True)
-
-
-def clean_dir(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
