@@ -63,6 +63,10 @@ class SimConfig:
     pivot_home: str = "paper"
     """Training home set of deploy=pivot when `deploy.allocation.train` is null: `paper` (Table 4's
     training allocation) or `sweep` (the best on the sweep grid, as the baselines get)."""
+    throughput_sample_s: float = 5.0
+    """Simulated seconds between `throughput` timeline records (every mode, for Fig. 10): the
+    planner-visible modelled throughput per role, Eq. 1, tokens actually produced in the interval
+    and the allocation. 0 turns them off."""
     max_sim_time_s: float = 1e6
     """Simulated-seconds safety cap: a run that would exceed it fails with an error (a stuck mode)."""
     paper_allocation: PaperAllocation = field(default_factory=PaperAllocation)
@@ -79,5 +83,7 @@ class SimConfig:
             raise ValueError(f"models.sim.pivot_home must be 'paper' or 'sweep', got {self.pivot_home!r}")
         if isinstance(self.sweep_units, int) and self.sweep_units < 2:
             raise ValueError(f"models.sim.sweep_units must be >= 2, got {self.sweep_units}")
+        if isinstance(self.throughput_sample_s, (int, float)) and self.throughput_sample_s < 0:
+            raise ValueError(f"models.sim.throughput_sample_s must be >= 0 (0 = off), got {self.throughput_sample_s}")
         if self.sweep_steps is not None and isinstance(self.sweep_steps, int) and self.sweep_steps < 2:
             raise ValueError(f"models.sim.sweep_steps must be >= 2 (one warm-up + one measured), got {self.sweep_steps}")

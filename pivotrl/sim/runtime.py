@@ -7,7 +7,18 @@ timeline.jsonl, summary.json through the `Tracker`). The control plane is the re
 controllers, schedulers and planner the other runtimes use (DESIGN §1-2, §5).
 
 Events: sequence completions (per replica, computed in closed form by `SimReplica`), shift
-completions, training completions and monitor ticks. Between events nothing is stepped.
+completions, training completions, monitor ticks and throughput samples. Between events nothing is
+stepped.
+
+Throughput samples (`models.sim.throughput_sample_s`, every mode, Fig. 10) are read-only: the
+controller never sees them. Each writes a `throughput` timeline record with two views:
+- `rollout`, `reward`, `overall`: what the planner sees: the schedulers' modelled throughput
+  (`sum_i N_i / tau_i` over the scheduler's replica states) and paper Eq. 1 over them with
+  `n_rollout`/`n_reward` = running + queued sequences. The static modes get no progress reports, so
+  their schedulers' K lags the engines by the tokens generated since each dispatch (T is a little
+  optimistic there).
+- `actual`: tokens the simulated engines really emitted per role in the last interval / interval
+  (ground truth, retired replicas included), and `actual_total` their sum.
 
 Token counts reach the controller the way a real engine would report them: on completion, and as a
 progress snapshot on ticks, shift and training completions (pivot only; the static modes never
@@ -23,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pivotrl.config import PivotConfig
+from pivotrl.core.planner import eq1_throughput
 from pivotrl.core.types import INFERENCE_ROLES, Role
 from pivotrl.deploy import ControlEnv, make_controller
 from pivotrl.deploy.events import (
@@ -106,6 +118,8 @@ class SimRuntime:
         self.progress = progress
         self._bar = None
         self._last_progress = 0.0
+        self.sample_s = float(self.cfg.models.sim.throughput_sample_s or 0.0)
+        self._last_sample: tuple[float, dict[Role, float]] = (0.0, {r: 0.0 for r in INFERENCE_ROLES})
 
     def _contexts(self) -> dict[Role, float]:
         """Mean KV length of a running sequence per role, from the workload's first batch."""
@@ -156,6 +170,9 @@ class SimRuntime:
         self._handle(Start(0.0))
         if self.ctrl.tick_s:
             self._push(self.ctrl.tick_s, "tick")
+        if self.sample_s > 0:
+            self._sample()
+            self._push(self.sample_s, "sample")
         cap = self.cfg.models.sim.max_sim_time_s
         try:
             while not self.done:
@@ -164,7 +181,7 @@ class SimRuntime:
                     raise RuntimeError(f"simulation of {self.ctrl.name} stalled at t={self.now:.1f}s: no events "
                                        f"left before step {self.ctrl.step + 1}/{self.s.steps} (state {self.ctrl.state()})")
                 t, kind, payload = nxt
-                if kind != "tick":
+                if kind not in ("tick", "sample"):
                     self._last_progress = t
                 elif t - self._last_progress > STUCK_S:
                     raise RuntimeError(f"simulation of {self.ctrl.name} is stuck: nothing finished, shifted or "
@@ -179,6 +196,9 @@ class SimRuntime:
                     self._handle(Tick(self.now, progress=self._snapshot()))
                     if not self.done:
                         self._push(self.now + self.ctrl.tick_s, "tick")
+                elif kind == "sample":
+                    self._sample()
+                    self._push(self.now + self.sample_s, "sample")
                 elif kind == "shift_done":
                     self._on_shift_done(*payload)
                 elif kind == "train_done":
@@ -217,6 +237,34 @@ class SimRuntime:
             rep.advance(self.now)
             out[self.role_of[rid]].update(rep.snapshot())
         return out
+
+    def _role_tokens(self) -> dict[Role, float]:
+        """Tokens emitted so far per role (retired replicas included), replicas advanced to now."""
+        out = {r: self.stats.retired[r][2] for r in INFERENCE_ROLES}
+        for rid, rep in self.replicas.items():
+            rep.advance(self.now)
+            out[self.role_of[rid]] += rep.tokens
+        return out
+
+    def _sample(self) -> None:
+        """One `throughput` record (read-only: advancing a replica in pieces is exact)."""
+        sch = self.ctrl.sched
+        n = {r: float(sch[r].num_sequences()) for r in INFERENCE_ROLES}
+        T = {r: float(sch[r].throughput()) for r in INFERENCE_ROLES}
+        tokens = self._role_tokens()
+        t0, tok0 = self._last_sample
+        dt = self.now - t0
+        actual = {r.value: ((tokens[r] - tok0[r]) / dt if dt > 0 else 0.0) for r in INFERENCE_ROLES}
+        self._last_sample = (self.now, tokens)
+        rec = {"now": self.now, "step": self.ctrl.step,
+               "rollout": T[Role.ROLLOUT], "reward": T[Role.REWARD],
+               "overall": eq1_throughput(n[Role.ROLLOUT], T[Role.ROLLOUT], n[Role.REWARD], T[Role.REWARD]),
+               "n_rollout": n[Role.ROLLOUT], "n_reward": n[Role.REWARD],
+               "actual": actual, "actual_total": sum(actual.values()),
+               "allocation": self.ctrl.allocation(), "training": bool(self.ctrl.training)}
+        self.stats.samples.append(rec)
+        if self.tracker is not None:
+            self.tracker.log_event("throughput", **rec)
 
     # ------------------------------------------------------------------ actions
     def _handle(self, ev) -> None:

@@ -86,13 +86,17 @@ def _key(alloc: dict[Role, int]) -> str:
 
 
 def config_hash(cfg: PivotConfig) -> str:
-    """Hash of everything that changes a sweep result (not the allocation, steps or logging)."""
+    """Hash of everything that changes a sweep result (not the allocation or logging)."""
     from pivotrl.logging.tracker import to_jsonable
 
-    d = {"v": CACHE_VERSION, "models": to_jsonable(cfg.models), "cluster": to_jsonable(cfg.cluster),
+    models = to_jsonable(cfg.models)
+    models.get("sim", {}).pop("throughput_sample_s", None)  # records only: results do not change
+    d = {"v": CACHE_VERSION, "models": models, "cluster": to_jsonable(cfg.cluster),
          "mode": _mode(cfg), "staleness": cfg.deploy.staleness,
          "planner": to_jsonable(cfg.deploy.planner), "seed": cfg.seed,
-         "train": {k: getattr(cfg.train, k) for k in ("warmup_steps", "prompts_per_step", "group_size")}}
+         "train": {k: getattr(cfg.train, k) for k in ("warmup_steps", "prompts_per_step", "group_size")},
+         # the sweep's run length changes its measurements (a 4-step sweep must not reuse 7-step results)
+         "sweep_steps": cfg.models.sim.sweep_steps or cfg.train.steps}
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 

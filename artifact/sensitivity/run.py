@@ -1,0 +1,173 @@
+"""Sensitivity of the pivot speed-ups to the estimated (E) calibration constants.
+
+`python -m artifact.sensitivity.run [--quick] [--jobs 2] [--groups ...]`
+
+calibration.md's rule: every estimate row is a config value and goes into a sensitivity sweep; the
+default config is never retuned to a result. This item varies one E constant at a time around its
+default, over the ranges calibration.md gives, and reports colocated, best-swept disaggregated and
+pivot throughput with the ratios pivot/colocated and pivot/disaggregated:
+
+- training MFU 0.25-0.5 (calibration §5; default 0.35)
+- GenRM output median 0.8K-5K tokens (calibration §4; default 2K)
+- policy response sigma 0.8-1.2 (calibration §4; default 1.0)
+- `models.sim.step_offset` 0/150/300: where the simulated window sits on the DAPO response-length
+  curve (the paper does not say at which RL step it measured; calibration §4)
+- staleness 1/2/4 (paper §8.1 uses 2; 1 and 4 show the effect)
+
+Disaggregated gets its best static allocation by the simulator's sweep for every point (cached by
+config hash), pivot runs with Table 4's training home set (the default). Runs go through
+`artifact.common.run_one` (the `python train.py` path), cells in `--jobs` processes.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from artifact.common import item_parser, plt, read_csv, run_one, write_csv
+
+MODES = ["colocated", "disaggregated", "pivot"]
+# (parameter, default, values, override template)
+PARAMS: list[tuple[str, float, list[float], str]] = [
+    ("train_mfu", 0.35, [0.25, 0.5], "cluster.hardware.mfu={v}"),
+    ("genrm_median", 2000, [800, 5000], "models.workload.genrm.median={v}"),
+    ("response_sigma", 1.0, [0.8, 1.2], "models.workload.response.sigma={v}"),
+    ("step_offset", 0, [150, 300], "models.sim.step_offset={v}"),
+    ("staleness", 2, [1, 4], "deploy.staleness={v}"),
+]
+QUICK_PARAMS = [("train_mfu", 0.35, [0.5], "cluster.hardware.mfu={v}"),
+                ("staleness", 2, [1], "deploy.staleness={v}")]
+# kick the tires: 8 devices, 3 steps, a small batch (models.sim.* wins over train.* in the sim)
+QUICK_BASE = ["experiment=quick", "models.sim.prompts_per_step=16", "models.sim.group_size=4",
+              "models.sim.sweep_units=4"]
+
+
+def _fmt(v: float) -> str:
+    return f"{v:g}"
+
+
+def points(quick: bool) -> list[tuple[str, float, list[str]]]:
+    """(parameter, value, overrides); the shared default point comes first as parameter 'default'."""
+    out: list[tuple[str, float, list[str]]] = [("default", 0.0, [])]
+    for name, _, values, tmpl in (QUICK_PARAMS if quick else PARAMS):
+        out += [(name, v, [tmpl.format(v=_fmt(v))]) for v in values]
+    return out
+
+
+def _cell(args: tuple[list[str], str]) -> dict:
+    overrides, run_dir = args
+    t0 = time.perf_counter()
+    s = run_one(overrides, Path(run_dir))
+    s["_cell_wall_s"] = time.perf_counter() - t0
+    return s
+
+
+def collect(out: Path, quick: bool, groups: list[str], jobs: int = 1) -> list[dict]:
+    base = QUICK_BASE if quick else ["cluster=sim", "train.steps=7", "train.warmup_steps=1"]
+    cells = []
+    for g in groups:
+        for name, v, ov in points(quick):
+            for m in MODES:
+                tag = "default" if name == "default" else f"{name}={_fmt(v)}"
+                cells.append(((g, name, v, m), ([*base, f"models={g}", f"deploy={m}", *ov],
+                                                 str(out / "runs" / f"{g}_{tag}_{m}"))))
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            res = list(pool.map(_cell, [c[1] for c in cells]))
+    else:
+        res = [_cell(c[1]) for c in cells]
+    by = {key: s for (key, _), s in zip(cells, res)}
+    defaults = {p[0]: p[1] for p in PARAMS}
+    rows = []
+    for g in groups:
+        for name, v, _ in points(quick):
+            r = {"models": g, "parameter": name, "value": v if name != "default" else "",
+                 "is_default": name == "default"}
+            for m in MODES:
+                s = by[(g, name, v, m)]
+                r[f"{m}_tokens_per_s"] = s["throughput_tokens_per_s"]
+                r[f"{m}_ideal_efficiency"] = s["ideal_efficiency"]
+                r[f"{m}_wall_s"] = round(s.get("_cell_wall_s", 0.0), 1)
+            alloc = by[(g, name, v, "disaggregated")].get("allocation_choice", {}).get("allocation", "")
+            r["disaggregated_allocation"] = alloc
+            r["pivot_shifts_per_step"] = by[(g, name, v, "pivot")]["shifts_per_step"]
+            piv = r["pivot_tokens_per_s"]
+            r["pivot_over_colocated"] = piv / r["colocated_tokens_per_s"] if r["colocated_tokens_per_s"] else ""
+            r["pivot_over_disaggregated"] = (piv / r["disaggregated_tokens_per_s"]
+                                             if r["disaggregated_tokens_per_s"] else "")
+            if name == "default":
+                r["default_of"] = ""
+            else:
+                r["default_of"] = defaults.get(name, "")
+            rows.append(r)
+    return rows
+
+
+def plot(csv_path: Path, png_path: Path) -> None:
+    rows = read_csv(csv_path)
+    params = list(dict.fromkeys(r["parameter"] for r in rows if r["parameter"] != "default"))
+    groups = list(dict.fromkeys(r["models"] for r in rows))
+    dflt = {p[0]: p[1] for p in PARAMS}
+    p = plt()
+    fig, axes = p.subplots(2, max(len(params), 1), figsize=(3.2 * max(len(params), 1) + 0.6, 6.2),
+                           squeeze=False)
+    colors = {"colocated": "#888", "disaggregated": "#37c", "pivot": "#d52"}
+    for j, name in enumerate(params):
+        top, bot = axes[0][j], axes[1][j]
+        for gi, g in enumerate(groups):
+            d = next(r for r in rows if r["models"] == g and r["parameter"] == "default")
+            pts = [(dflt.get(name, 0.0), d)] + [(float(r["value"]), r) for r in rows
+                                                 if r["models"] == g and r["parameter"] == name]
+            pts.sort(key=lambda x: x[0])
+            xs = [x for x, _ in pts]
+            ls = "-" if gi == 0 else "--"
+            for m in MODES:
+                top.plot(xs, [float(r[f"{m}_tokens_per_s"]) / 1e3 for _, r in pts], ls, marker="o", ms=3,
+                         color=colors[m], label=f"{m} ({g})" if j == 0 else None)
+            bot.plot(xs, [float(r["pivot_over_disaggregated"]) for _, r in pts], ls, marker="o", ms=3,
+                     color=colors["disaggregated"], label=f"pivot/disagg ({g})" if j == 0 else None)
+            bot.plot(xs, [float(r["pivot_over_colocated"]) for _, r in pts], ls, marker="s", ms=3,
+                     color=colors["colocated"], label=f"pivot/colocated ({g})" if j == 0 else None)
+        for ax in (top, bot):
+            ax.axvline(dflt.get(name, 0.0), color="k", lw=0.6, ls=":")
+            ax.grid(alpha=0.3)
+            ax.tick_params(labelsize=7)
+        bot.axhline(1.5, color=colors["disaggregated"], lw=0.7, ls=":")
+        bot.axhline(1.8, color=colors["colocated"], lw=0.7, ls=":")
+        top.set_title(name, fontsize=9)
+        bot.set_xlabel(f"{name} (dotted: default)", fontsize=8)
+    axes[0][0].set_ylabel("throughput (K tokens/s)", fontsize=8)
+    axes[1][0].set_ylabel("pivot speed-up (targets 1.5 / 1.8)", fontsize=8)
+    axes[0][0].legend(fontsize=6)
+    axes[1][0].legend(fontsize=6)
+    fig.suptitle("Sensitivity to the estimated (E) constants, one at a time", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    print(f"wrote {png_path}")
+
+
+def main(argv=None) -> int:
+    ap = item_parser("sensitivity", __doc__)
+    ap.add_argument("--groups", nargs="*", default=None,
+                    help="model groups (default: qwen7b_qwen30b; --quick: qwen1.5b_glm9b)")
+    ap.add_argument("--jobs", type=int, default=1, help="processes running cells in parallel")
+    args = ap.parse_args(argv)
+    groups = args.groups or (["qwen1.5b_glm9b"] if args.quick else ["qwen7b_qwen30b"])
+    csv_path = args.out / "sensitivity.csv"
+    if not args.plot_only:
+        t0 = time.perf_counter()
+        rows = collect(args.out, args.quick, groups, args.jobs)
+        write_csv(rows, csv_path)
+        print(f"sensitivity: {len(rows)} points x {len(MODES)} modes in {time.perf_counter() - t0:.0f} s")
+        for r in rows:
+            print(f"  {r['models']:15s} {r['parameter']:15s} {str(r['value']):>6s}  colo {r['colocated_tokens_per_s']:9.0f}"
+                  f"  disagg {r['disaggregated_tokens_per_s']:9.0f} ({r['disaggregated_allocation']})"
+                  f"  pivot {r['pivot_tokens_per_s']:9.0f}  x{r['pivot_over_colocated']:.2f} colo"
+                  f"  x{r['pivot_over_disaggregated']:.2f} disagg")
+    plot(csv_path, args.out / "sensitivity.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
