@@ -25,7 +25,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from artifact.common import item_parser, plt, read_csv, run_one, write_csv
+from artifact.common import item_parser, plt, read_csv, read_jsonl, run_one, write_csv
 
 MODES = ["colocated", "disaggregated", "pivot"]
 # (parameter, default, values, override template)
@@ -36,6 +36,13 @@ PARAMS: list[tuple[str, float, list[float], str]] = [
     ("step_offset", 0, [150, 300], "models.sim.step_offset={v}"),
     ("staleness", 2, [1, 4], "deploy.staleness={v}"),
 ]
+# all-in-range combinations that favour pivot (one row each; not plotted): high MFU + long GenRM
+# outputs make training a smaller share of the work; both values are inside calibration's ranges.
+CORNERS: list[tuple[str, list[str]]] = [
+    ("corner:mfu=0.5,genrm_median=5000", ["cluster.hardware.mfu=0.5", "models.workload.genrm.median=5000"]),
+]
+# points that also run pivot with its training home set swept like the baselines' allocations
+SWEPT_HOME_AT = {"default"} | {c[0] for c in CORNERS}
 QUICK_PARAMS = [("train_mfu", 0.35, [0.5], "cluster.hardware.mfu={v}"),
                 ("staleness", 2, [1], "deploy.staleness={v}")]
 # kick the tires: 8 devices, 3 steps, a small batch (models.sim.* wins over train.* in the sim)
@@ -52,7 +59,23 @@ def points(quick: bool) -> list[tuple[str, float, list[str]]]:
     out: list[tuple[str, float, list[str]]] = [("default", 0.0, [])]
     for name, _, values, tmpl in (QUICK_PARAMS if quick else PARAMS):
         out += [(name, v, [tmpl.format(v=_fmt(v))]) for v in values]
+    if not quick:
+        out += [(name, 0.0, ov) for name, ov in CORNERS]
     return out
+
+
+def training_ceiling(run_dir: Path, summary: dict) -> float:
+    """Measured tokens / the measured steps' training seconds: the throughput pivot would reach if
+    its training home set trained back to back (its ceiling: training never leaves the home set)."""
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["step"] > int(summary.get("warmup_steps", 0))]
+    train_s = sum(float(r["train_s"]) for r in rows)
+    return sum(float(r["tokens"]) for r in rows) / train_s if train_s > 0 else 0.0
+
+
+def _tag(name: str, v: float) -> str:
+    if name == "default" or name.startswith("corner"):
+        return name.replace(":", "_").replace(",", "_")
+    return f"{name}={_fmt(v)}"
 
 
 def _cell(args: tuple[list[str], str]) -> dict:
@@ -68,10 +91,14 @@ def collect(out: Path, quick: bool, groups: list[str], jobs: int = 1) -> list[di
     cells = []
     for g in groups:
         for name, v, ov in points(quick):
+            tag = _tag(name, v)
             for m in MODES:
-                tag = "default" if name == "default" else f"{name}={_fmt(v)}"
                 cells.append(((g, name, v, m), ([*base, f"models={g}", f"deploy={m}", *ov],
                                                  str(out / "runs" / f"{g}_{tag}_{m}"))))
+            if name in SWEPT_HOME_AT and not quick:
+                cells.append(((g, name, v, "pivot_swept_home"),
+                              ([*base, f"models={g}", "deploy=pivot", "models.sim.pivot_home=sweep", *ov],
+                               str(out / "runs" / f"{g}_{tag}_pivot_swept_home"))))
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             res = list(pool.map(_cell, [c[1] for c in cells]))
@@ -91,7 +118,14 @@ def collect(out: Path, quick: bool, groups: list[str], jobs: int = 1) -> list[di
                 r[f"{m}_wall_s"] = round(s.get("_cell_wall_s", 0.0), 1)
             alloc = by[(g, name, v, "disaggregated")].get("allocation_choice", {}).get("allocation", "")
             r["disaggregated_allocation"] = alloc
-            r["pivot_shifts_per_step"] = by[(g, name, v, "pivot")]["shifts_per_step"]
+            ps = by[(g, name, v, "pivot")]
+            r["pivot_shifts_per_step"] = ps["shifts_per_step"]
+            r["pivot_train_busy_of_home"] = ps["busy_fraction"]["train"] * ps["devices"] / max(
+                int(ps["allocation"].get("train", 0)), 1)
+            r["pivot_training_ceiling"] = training_ceiling(out / "runs" / f"{g}_{_tag(name, v)}_pivot", ps)
+            sw = by.get((g, name, v, "pivot_swept_home"))
+            r["pivot_swept_home_tokens_per_s"] = sw["throughput_tokens_per_s"] if sw else ""
+            r["pivot_swept_home_train"] = sw["allocation"].get("train", "") if sw else ""
             piv = r["pivot_tokens_per_s"]
             r["pivot_over_colocated"] = piv / r["colocated_tokens_per_s"] if r["colocated_tokens_per_s"] else ""
             r["pivot_over_disaggregated"] = (piv / r["disaggregated_tokens_per_s"]
@@ -106,7 +140,8 @@ def collect(out: Path, quick: bool, groups: list[str], jobs: int = 1) -> list[di
 
 def plot(csv_path: Path, png_path: Path) -> None:
     rows = read_csv(csv_path)
-    params = list(dict.fromkeys(r["parameter"] for r in rows if r["parameter"] != "default"))
+    known = {p[0] for p in PARAMS}
+    params = list(dict.fromkeys(r["parameter"] for r in rows if r["parameter"] in known))
     groups = list(dict.fromkeys(r["models"] for r in rows))
     dflt = {p[0]: p[1] for p in PARAMS}
     p = plt()
@@ -164,7 +199,10 @@ def main(argv=None) -> int:
             print(f"  {r['models']:15s} {r['parameter']:15s} {str(r['value']):>6s}  colo {r['colocated_tokens_per_s']:9.0f}"
                   f"  disagg {r['disaggregated_tokens_per_s']:9.0f} ({r['disaggregated_allocation']})"
                   f"  pivot {r['pivot_tokens_per_s']:9.0f}  x{r['pivot_over_colocated']:.2f} colo"
-                  f"  x{r['pivot_over_disaggregated']:.2f} disagg")
+                  f"  x{r['pivot_over_disaggregated']:.2f} disagg  (train ceiling {r['pivot_training_ceiling']:.0f},"
+                  f" home busy {r['pivot_train_busy_of_home']:.2f}"
+                  + (f"; swept home {r['pivot_swept_home_train']}: {r['pivot_swept_home_tokens_per_s']:.0f}"
+                     if r["pivot_swept_home_tokens_per_s"] != "" else "") + ")")
     plot(csv_path, args.out / "sensitivity.png")
     return 0
 
