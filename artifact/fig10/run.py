@@ -101,6 +101,10 @@ def plot(csv_path: Path, png_path: Path) -> None:
         keys = ["rollout", "reward", "train", "free"]
         axes[3].stackplot(t, *[[float(r[f"alloc_{k}"]) for r in piv] for k in keys], labels=keys,
                           colors=[ALLOC_COLORS[k] for k in keys], step="post")
+        for a, b in zip(piv, piv[1:]):  # pivot's RL step boundaries (training steps may touch)
+            if a["step"] != b["step"]:
+                for ax in axes:
+                    ax.axvline(float(b["time_s"]), color="#a60", lw=0.7, ls="--")
         changes = sum(1 for a, b in zip(piv, piv[1:])
                       if any(a[f"alloc_{k}"] != b[f"alloc_{k}"] for k in keys))
         axes[3].set_title(f"pivot allocation ({changes} changes between samples)", fontsize=9)
@@ -114,7 +118,7 @@ def plot(csv_path: Path, png_path: Path) -> None:
     axes[3].set_xlabel("simulated time (s)")
     axes[0].legend(fontsize=7, ncol=2, loc="upper right")
     axes[2].legend(fontsize=7, loc="upper right")
-    axes[0].set_title("Throughput over time, pivot vs disaggregated (shaded: pivot training)", fontsize=10)
+    axes[0].set_title("Throughput over time, pivot vs disaggregated (shaded: pivot training; dashed: pivot step ends)", fontsize=10)
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
     print(f"wrote {png_path}")
