@@ -160,7 +160,9 @@ class BootstrapConfig:
     policy_label_noise: float = 0.5
     """Fraction of policy SFT answers replaced by a near miss, so sampling is partly right."""
     genrm_steps: int = 400
-    """SFT optimizer steps for the GenRM."""
+    """SFT optimizer steps for the GenRM. Measured at the defaults: the GenRM computes the arithmetic
+    early but learns the final comparison late (AUC on the policy's samples 0.59 at 300 steps, 0.91
+    at 400), so do not cut this to save time without re-measuring."""
     genrm_init_from_policy: bool = True
     """Start the GenRM from the SFT policy's weights (it already reads the problems and knows some
     arithmetic), as reward models are usually initialised from the SFT model. Needs `genrm` and
