@@ -15,7 +15,9 @@ iterations done in `dt` solve `T(j) = dt` in closed form. T(j1) followed by T'(j
 advanced state equals T(j1 + j2) exactly, so advancing in pieces never drifts.
 
 Prefill (new sequences and re-prefill after an abort) and weight publishes stall decode: the replica
-is busy for their time and emits no tokens (vLLM runs prefill ahead of decode).
+is busy for their time and emits no tokens (vLLM runs prefill ahead of decode). Prefills run one
+after another; a sequence removed before its prefill ran takes its unfinished prefill time with it
+(an engine drops a request it has not prefilled yet), so the stall of the rest shrinks by that much.
 
 KV capacity. The scheduler admits by current lengths, so running sequences can outgrow the KV
 cache. Like vLLM's recompute preemption, the replica then pauses its most recently started sequence
@@ -70,6 +72,7 @@ class SimReplica:
         self.tokens = 0.0
         self.peak_k = 0.0  # most KV tokens held at once (admission checks current lengths only)
         self.epoch = 0  # bumped whenever the next-finish time may change
+        self._pf: dict[int, list[float]] = {}  # seq -> [end, seconds] of its prefill (serial stalls)
         self._c_n, self._c_val = -1, 0.0
 
     # -- closed forms ------------------------------------------------------------------------
@@ -183,6 +186,8 @@ class SimReplica:
         self.k += length
         heapq.heappush(self._heap, (fin, seq_id))
         self.stall_until = max(self.stall_until, self.t) + prefill_s
+        if prefill_s > 0:
+            self._pf[seq_id] = [self.stall_until, prefill_s]
         self.epoch += 1
 
     def generated(self, seq_id: int) -> int:
@@ -197,12 +202,33 @@ class SimReplica:
             self.epoch += 1
             return self.paused.pop(seq_id)[1]
         r = self.runs.pop(seq_id)
+        self._cancel_prefill(seq_id)
         gen = min(r.target, r.gen0 + int(math.floor(self.iters - r.iter0 + _EPS)))
         self.k -= r.length0 + (self.iters - r.iter0)
         if not self.runs:
             self.k = 0.0  # no float residue on an empty replica
         self.epoch += 1
         return gen
+
+    def _cancel_prefill(self, seq_id: int) -> None:
+        """Drop the unfinished part of a removed sequence's prefill from the serial stall: every
+        stall queued after it (prefills, weight loads) moves earlier by that much."""
+        pf = self._pf.pop(seq_id, None)
+        if pf is None:
+            return
+        end, secs = pf
+        rem = min(secs, end - self.t)
+        if rem <= 0:
+            return
+        done = []
+        for sid, v in self._pf.items():
+            if v[0] <= self.t:
+                done.append(sid)  # prefill already over: forget it
+            elif v[0] > end:
+                v[0] -= rem
+        for sid in done:
+            del self._pf[sid]
+        self.stall_until -= rem
 
     def pop_finished(self) -> tuple[int, int] | None:
         """Remove and return (seq_id, generated) of one sequence done by now, or None.

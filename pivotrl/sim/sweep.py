@@ -23,7 +23,7 @@ from typing import Any
 from pivotrl.config import PivotConfig
 from pivotrl.core.types import Role
 
-CACHE_VERSION = "sim-sweep-v5"  # bump when the simulator's behaviour changes
+CACHE_VERSION = "sim-sweep-v6"  # bump when the simulator's behaviour changes
 
 
 def default_cache_dir() -> Path:

@@ -92,3 +92,31 @@ def test_kv_overflow_pauses_newest_and_resumes_without_losing_tokens():
             rep.resume()
     assert done == {i: 500 for i in range(8)}
     assert rep.preemptions > 0
+
+
+def test_removing_a_sequence_before_its_prefill_ran_takes_its_prefill_with_it():
+    """A request aborted while still waiting for prefill leaves no phantom stall behind (the bug:
+    1,100 sequences migrated off a replica left it stalled ~300 s for prefills that never ran)."""
+    rep = SimReplica("r", MODEL, 1, 0.0)
+    for i in range(10):
+        rep.add(i, 1000, 0, 50, 2.0)  # ten prefills of 2 s each, serial: stall until t=20
+    assert rep.stall_until == pytest.approx(20.0)
+    rep.advance(3.0)  # seq 0 prefilled (0-2 s), seq 1 half way (2-4 s)
+    rep.remove(5)  # not started: its whole 2 s goes
+    assert rep.stall_until == pytest.approx(18.0)
+    rep.remove(1)  # half done: the remaining 1 s goes, later prefills move up
+    assert rep.stall_until == pytest.approx(17.0)
+    rep.remove(0)  # already prefilled: nothing changes
+    assert rep.stall_until == pytest.approx(17.0)
+    for i in (2, 3, 4, 6, 7, 8, 9):
+        rep.remove(i)
+    assert rep.stall_until == pytest.approx(3.0)  # only the work actually done (seq 0, half of seq 1)
+    # a weight-load stall queued after prefills moves up with them, and is never cancelled
+    rep2 = SimReplica("r2", MODEL, 1, 0.0)
+    rep2.add(0, 1000, 0, 50, 5.0)
+    rep2.stall(1.5)
+    rep2.remove(0)
+    assert rep2.stall_until == pytest.approx(1.5)
+    rep2.add(1, 1000, 0, 50, 1.0)
+    t = rep2.next_finish()
+    assert t == pytest.approx(2.5 + rep2.time_for(50))
