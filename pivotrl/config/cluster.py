@@ -8,6 +8,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from pivotrl.config.runtime import RuntimeConfig
+
 
 class ClusterKind(str, enum.Enum):
     local = "local"
@@ -61,6 +63,8 @@ class ClusterConfig:
     """Ray cluster address for `ray` (`auto` to join a running cluster); ignored elsewhere."""
     threads_per_device: int = 1
     """CPU threads per virtual device actor (`local`)."""
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    """Engines, trainer and bootstrap settings of the real runtimes (`local`, `ray`); unused by `sim`."""
 
     def __post_init__(self) -> None:
         if isinstance(self.num_devices, int) and self.num_devices < 1:

@@ -2,14 +2,14 @@
 
 Owns only the dataclass and its checks. The engine, trainer, reward and bootstrap settings are the
 other engineers' dataclasses, nested here with defaults that suit the tiny task on a CPU machine.
-`PivotConfig` does not carry a `runtime` field yet; `run_local` uses `getattr(cfg, "runtime",
-RuntimeConfig())`.
+It lives at `cluster.runtime` (so `conf/cluster/ray.yaml` can set GPU defaults: vLLM, bf16).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from pivotrl.config.engine import EngineConfig
+from pivotrl.config.gps import GPSConfig
 from pivotrl.config.rl import BootstrapConfig, RewardConfig
 
 
@@ -30,6 +30,8 @@ class RuntimeConfig:
     """Trainer micro-batch (sequences per forward/backward on one rank)."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """R = w_v * R_verifiable + w_g * R_genrm and the GenRM output parser."""
+    gps: GPSConfig = field(default_factory=GPSConfig)
+    """Global Parameter Storage: memory budget, links, transport."""
     bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
     """SFT bootstrap of the tiny models (cached; `models=tiny` with `hf_path: null`)."""
     rollout_temperature: float = 1.0

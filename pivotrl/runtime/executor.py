@@ -55,11 +55,11 @@ class ParamSource:
         self._lock = threading.Lock()
 
     @classmethod
-    def create(cls, num_nodes: int = 1) -> "ParamSource":
+    def create(cls, gps_cfg: Any = None, num_nodes: int = 1) -> "ParamSource":
         from pivotrl.config.gps import GPSConfig
         from pivotrl.gps.store import GlobalParameterStore
 
-        return cls(GlobalParameterStore(GPSConfig(), num_nodes=num_nodes))
+        return cls(GlobalParameterStore(gps_cfg or GPSConfig(), num_nodes=num_nodes))
 
     def register_hf(self, model: str, path: str, frozen: bool) -> int:
         """Register `model` from a Hugging Face folder as version 0 (GPS's own importer)."""

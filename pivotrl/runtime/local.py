@@ -438,7 +438,7 @@ def run_local(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
     """`cluster=local` entry (pivotrl.run's registry). Ray and the devices are always torn down."""
     from pivotrl.runtime.local_setup import print_summary_table
 
-    rt = getattr(cfg, "runtime", None) or RuntimeConfig()
+    rt = cfg.cluster.runtime
     setup = LocalSetup(cfg, rt, Path(run_dir))
     try:
         setup.start()

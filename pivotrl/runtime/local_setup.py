@@ -142,7 +142,7 @@ class LocalSetup:
         self.reward_fn = RewardFunction(self.rt.reward)
         self.max_response = int(self.rt.max_response_tokens or self.rt.bootstrap.data.max_response_length)
 
-        self.params = ParamSource.create()
+        self.params = ParamSource.create(self.rt.gps)
         self.params.register_hf("policy", str(self.policy_path), frozen=False)
         self.params.register_hf("genrm", str(self.genrm_path), frozen=True)
         if bool(self.cfg.train.resume):

@@ -16,15 +16,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pivotrl.config.engine import EngineConfig
-from pivotrl.config.runtime import RuntimeConfig
-
-
-def default_ray_runtime() -> RuntimeConfig:
-    """Real-cluster defaults: vLLM on each GPU (memory fraction small enough to leave room for a
-    co-hosted dormant trainer's reload) and bigger batches than the CPU defaults."""
-    return RuntimeConfig(engine=EngineConfig(name="vllm", max_num_seqs=256, vllm_gpu_memory_utilization=0.5,
-                                             dtype="bfloat16"))
 
 
 def run_ray(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
@@ -32,7 +23,7 @@ def run_ray(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
     from pivotrl.runtime.local import LocalRuntime
     from pivotrl.runtime.local_setup import LocalSetup, print_summary_table
 
-    rt = getattr(cfg, "runtime", None) or default_ray_runtime()
+    rt = cfg.cluster.runtime
     setup = LocalSetup(cfg, rt, Path(run_dir), accelerator="cuda")
     try:
         setup.start()

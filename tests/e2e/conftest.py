@@ -52,5 +52,5 @@ def make_local_cfg(assets, mode: str, overrides: list[str] = (), **runtime):
               engine=EngineConfig(name="cpu", num_threads=1, max_num_seqs=32, kv_capacity_tokens=8192),
               bootstrap=BootstrapConfig(data=DataConfig(train_path=str(assets["train"]), val_path=str(assets["val"]))))
     kw.update(runtime)
-    cfg.runtime = RuntimeConfig(**kw)
+    cfg.cluster.runtime = RuntimeConfig(**kw)
     return cfg

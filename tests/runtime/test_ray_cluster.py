@@ -28,7 +28,7 @@ def test_run_ray_trains_on_gpus(tiny_assets, tmp_path):
     ray.init(address="local", num_gpus=n, include_dashboard=False, configure_logging=False)
     try:
         cfg = _ray_cfg(tiny_assets, "colocated", n)
-        cfg.runtime.engine = EngineConfig(name="auto", max_num_seqs=64, vllm_gpu_memory_utilization=0.3)
+        cfg.cluster.runtime.engine = EngineConfig(name="auto", max_num_seqs=64, vllm_gpu_memory_utilization=0.3)
         summary = run_ray(cfg, tmp_path, None)
     finally:
         ray.shutdown()
