@@ -20,6 +20,11 @@ Per sequence, the cache holds the prompt and all generated tokens except the las
 "pending" token), which the next decode iteration feeds. One `step()` decodes one token for every
 sequence already running, then admits and prefills waiting ones (which also yields their first
 token), so each running sequence advances exactly one token per step.
+
+Behaviour log-probs (protocol docstring): with each sampled token the engine keeps
+`log_softmax(logits / T)` at that token (T = the request's temperature, 1 for greedy), computed
+in float32 from the same logits it sampled from, before top-p truncation. A resume continues the
+list it was given (`GenerationRequest.generated_logprobs`).
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ import torch
 
 from pivotrl.config.engine import EngineConfig
 from pivotrl.engines.protocol import (FINISH_LENGTH, FINISH_STOP, Completion, EngineStats,
-                                      GenerationRequest, IterationSample, PrefillSample,
+                                      GenerationRequest, IterationSample, PrefillSample, TokensSoFar,
                                       run_to_completion)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -87,6 +92,10 @@ class _Seq:
     stops: frozenset[int]
     gen: torch.Generator | None
     reprefill: int = 0
+    logprobs: list[float] | None = None  # behaviour log-prob per generated token; None = unknown
+
+    def so_far(self) -> TokensSoFar:
+        return TokensSoFar(self.generated, self.logprobs)
 
     @property
     def total(self) -> int:
@@ -143,7 +152,8 @@ class CPUEngine:
             p = request.params
             stops = frozenset() if p.ignore_eos else frozenset(p.stop_token_ids) | self.eos_ids
             gen = torch.Generator().manual_seed(p.seed) if p.seed is not None else None
-            seq = _Seq(request, list(request.generated), self.version, stops, gen)
+            lps = None if request.generated_logprobs is None else list(request.generated_logprobs)
+            seq = _Seq(request, list(request.generated), self.version, stops, gen, logprobs=lps)
             if request.resumed:
                 seq.reprefill = seq.total
             reason = self._finish_reason(seq)
@@ -173,19 +183,19 @@ class CPUEngine:
     def snapshot(self, seq_ids: Iterable[int] | None = None) -> dict[int, list[int]]:
         with self._lock:
             want = None if seq_ids is None else set(seq_ids)
-            return {s.req.seq_id: list(s.generated) for s in (*self._waiting, *self._batch.seqs)
+            return {s.req.seq_id: s.so_far() for s in (*self._waiting, *self._batch.seqs)
                     if want is None or s.req.seq_id in want}
 
     def abort(self, seq_ids: Iterable[int] | None = None) -> dict[int, list[int]]:
         with self._lock:
             want = None if seq_ids is None else set(seq_ids)
             hit = lambda s: want is None or s.req.seq_id in want  # noqa: E731
-            out = {s.req.seq_id: list(s.generated) for s in self._waiting if hit(s)}
+            out = {s.req.seq_id: s.so_far() for s in self._waiting if hit(s)}
             self._waiting = collections.deque(s for s in self._waiting if not hit(s))
             keep = [i for i, s in enumerate(self._batch.seqs) if not hit(s)]
             for i, s in enumerate(self._batch.seqs):
                 if hit(s):
-                    out[s.req.seq_id] = list(s.generated)
+                    out[s.req.seq_id] = s.so_far()
             if len(keep) != len(self._batch.seqs):
                 self._keep_rows(keep)
             return out
@@ -270,7 +280,8 @@ class CPUEngine:
 
     def _completion(self, s: _Seq, reason: str) -> Completion:
         return Completion(seq_id=s.req.seq_id, prompt_ids=list(s.req.prompt_ids), token_ids=list(s.generated),
-                          finish_reason=reason, version=s.version, reprefill_tokens=s.reprefill)
+                          finish_reason=reason, version=s.version, reprefill_tokens=s.reprefill,
+                          logprobs=None if s.logprobs is None else list(s.logprobs))
 
     def _admit(self) -> None:
         room = self.cfg.max_num_seqs - len(self._batch.seqs)
@@ -311,13 +322,13 @@ class CPUEngine:
         for layer in cache.layers:
             layer.keys.masked_fill_(~valid[:, None, :, None], 0.0)
             layer.values.masked_fill_(~valid[:, None, :, None], 0.0)
-        nxt = self._sample(out.logits[:, -1, :], seqs)
+        nxt, lps = self._sample(out.logits[:, -1, :], seqs)
         self._prefills.append(PrefillSample(tokens=sum(len(r) for r in rows), num_seqs=len(rows),
                                             seconds=time.perf_counter() - t0))
         self._reprefill_total += sum(s.reprefill for s in seqs)
         offset = len(self._batch.seqs)
         self._merge(seqs, cache, valid)
-        self._append_tokens(nxt, offset)
+        self._append_tokens(nxt, lps, offset)
 
     def _decode(self) -> None:
         bt = self._batch
@@ -330,16 +341,18 @@ class CPUEngine:
             out = self.model(input_ids=ids, attention_mask={"full_attention": valid[:, None, None, :]},
                              position_ids=pos, past_key_values=bt.cache, use_cache=True)
         bt.cache, bt.valid = out.past_key_values, valid
-        nxt = self._sample(out.logits[:, -1, :], bt.seqs)
+        nxt, lps = self._sample(out.logits[:, -1, :], bt.seqs)
         self._iters.append(IterationSample(num_seqs=n, kv_tokens=k, seconds=time.perf_counter() - t0))
-        self._append_tokens(nxt)
+        self._append_tokens(nxt, lps)
 
-    def _append_tokens(self, nxt: list[int], offset: int = 0) -> None:
-        """Give row offset+j the token nxt[j]; finished rows leave the batch."""
+    def _append_tokens(self, nxt: list[int], lps: list[float], offset: int = 0) -> None:
+        """Give row offset+j the token nxt[j] (log-prob lps[j]); finished rows leave the batch."""
         keep = list(range(offset))
         for j, t in enumerate(nxt):
             s = self._batch.seqs[offset + j]
             s.generated.append(t)
+            if s.logprobs is not None:
+                s.logprobs.append(lps[j])
             self._generated_total += 1
             reason = self._finish_reason(s)
             if reason is None:
@@ -378,10 +391,14 @@ class CPUEngine:
         bt.valid = valid[:, first:]
         bt.seqs = [bt.seqs[i] for i in keep]
 
-    def _sample(self, logits: torch.Tensor, seqs: list[_Seq]) -> list[int]:
-        """Next token per row: argmax for greedy rows, temperature + top-p sampling otherwise."""
+    def _sample(self, logits: torch.Tensor, seqs: list[_Seq]) -> tuple[list[int], list[float]]:
+        """Next token per row: argmax for greedy rows, temperature + top-p sampling otherwise;
+        and its behaviour log-prob `log_softmax(logits / T)[token]` (T = 1 for greedy rows)."""
         logits = logits.float()
         out = logits.argmax(dim=-1)
+        # Greedy rows report the model's own (T = 1) distribution: see the protocol docstring.
+        lp_temps = torch.tensor([s.req.params.temperature if not s.req.params.greedy else 1.0
+                                 for s in seqs])[:, None]
         rows = [b for b, s in enumerate(seqs) if not s.req.params.greedy]
         if rows:
             idx = torch.tensor(rows, dtype=torch.long)
@@ -402,4 +419,5 @@ class CPUEngine:
                 if seqs[b].gen is not None:
                     p = int(torch.multinomial(sp[j], 1, generator=seqs[b].gen))
                     out[b] = si[j, p]
-        return [int(t) for t in out.tolist()]
+        logp = torch.log_softmax(logits / lp_temps, dim=-1).gather(1, out[:, None])[:, 0]
+        return [int(t) for t in out.tolist()], [float(x) for x in logp.tolist()]

@@ -20,6 +20,21 @@ the budget of the whole response, so a resumed sequence generates at most
 `max_tokens - len(generated)` more tokens. Under greedy decoding the resumed continuation equals
 an uninterrupted run (tests/engines assert it).
 
+Behaviour log-probs (what PPO's importance ratio needs, DESIGN.md §4.2 staleness). Every
+`Completion` carries `logprobs`: for each generated token, its log-probability under the
+distribution the engine sampled it from, taken as `log_softmax(logits / T)` at that token, where
+`T` is the request's temperature, or 1 for greedy requests (temperature 0: the model's own
+distribution, whose argmax was taken). This is the same quantity the trainer recomputes with
+`TrainerConfig.logprob_temperature = T` (the runtime sets it to the rollout temperature), so an
+on-policy sample has ratio exactly 1 up to float error, and a stale one has the true ratio
+pi_current / pi_behaviour. It is taken *before* top-p truncation, like the trainer's: with
+`top_p < 1` the CPU engine's value is the full tempered softmax, while vLLM (`processed_logprobs`)
+reports the nucleus-renormalised one; the runtime's rollouts use `top_p = 1`, where both agree.
+`abort` / `snapshot` return each sequence's tokens as a `TokensSoFar` (a `list[int]`, so callers
+that only want tokens are unchanged) whose `.logprobs` holds the matching log-probs; a resume
+passes them back as `GenerationRequest.generated_logprobs`, and the completion's list then covers
+the whole response. A resume without them (None) yields `Completion.logprobs = None` (unknown).
+
 Weights. `load_weights(state_dict, version)` replaces the weights in place and tags later tokens
 with `version`. It does not abort running sequences: their cached keys/values were computed under
 the old weights. A caller that needs every token under one version aborts first and resumes after
@@ -82,6 +97,24 @@ class SamplingParams:
         return self.temperature == 0
 
 
+class TokensSoFar(list):
+    """Tokens a live or aborted sequence has generated (a plain `list[int]` to anyone who only
+    wants tokens), with `.logprobs`: their behaviour log-probs (same length), or None when unknown
+    (a resume that came without them). A list subclass so `abort()` / `snapshot()` keep their
+    `dict[int, list[int]]` contract; it pickles with its `.logprobs` (Ray actors return it)."""
+
+    def __init__(self, tokens: Iterable[int] = (), logprobs: Iterable[float] | None = None) -> None:
+        super().__init__(int(t) for t in tokens)
+        self.logprobs: list[float] | None = None if logprobs is None else [float(x) for x in logprobs]
+        if self.logprobs is not None and len(self.logprobs) != len(self):
+            raise ValueError(f"TokensSoFar: {len(self.logprobs)} log-probs for {len(self)} tokens")
+
+
+def logprobs_of(tokens: list[int]) -> list[float] | None:
+    """The `.logprobs` of a `TokensSoFar` (None for a plain list or when unknown)."""
+    return getattr(tokens, "logprobs", None)
+
+
 @dataclass
 class GenerationRequest:
     """One sequence to run: a fresh one (`generated` empty) or a resumed one."""
@@ -96,12 +129,25 @@ class GenerationRequest:
     """Tokens generated before an abort; the engine re-prefills `prompt_ids + generated`."""
     resumed: bool | None = None
     """Whether this is a resume (counts its prefill as re-prefill). None: True iff `generated`."""
+    generated_logprobs: list[float] | None = None
+    """Behaviour log-probs of `generated` (same length), kept across the abort; None when unknown
+    (then the completion's `logprobs` is None). Taken from `generated.logprobs` when `generated`
+    is a `TokensSoFar` and this is not given."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
             raise ValueError(f"GenerationRequest.prompt_ids of seq {self.seq_id} must be non-empty")
+        if self.generated_logprobs is None:
+            self.generated_logprobs = logprobs_of(self.generated)
+        if not self.generated and self.generated_logprobs is None:
+            self.generated_logprobs = []  # a fresh sequence: nothing unknown
         self.prompt_ids = [int(t) for t in self.prompt_ids]
         self.generated = [int(t) for t in self.generated]
+        if self.generated_logprobs is not None:
+            self.generated_logprobs = [float(x) for x in self.generated_logprobs]
+            if len(self.generated_logprobs) != len(self.generated):
+                raise ValueError(f"GenerationRequest.generated_logprobs of seq {self.seq_id} has "
+                                 f"{len(self.generated_logprobs)} entries, generated has {len(self.generated)}")
         if self.resumed is None:
             self.resumed = bool(self.generated)
 
@@ -125,6 +171,9 @@ class Completion:
     """Weights version of the engine when this (last) segment was admitted."""
     reprefill_tokens: int = 0
     """Tokens re-prefilled because this segment was a resume (prompt + earlier tokens)."""
+    logprobs: list[float] | None = None
+    """Behaviour log-prob of each of `token_ids` (module docstring: `log_softmax(logits / T)`),
+    including tokens before any abort; None when a resume came without them."""
 
 
 @dataclass(frozen=True)
@@ -195,11 +244,13 @@ class InferenceEngine(Protocol):
         ...
 
     def snapshot(self, seq_ids: Iterable[int] | None = None) -> dict[int, list[int]]:
-        """Tokens generated so far by live sequences (streaming view; does not stop them)."""
+        """Tokens generated so far by live sequences (streaming view; does not stop them), each a
+        `TokensSoFar` carrying its log-probs."""
         ...
 
     def abort(self, seq_ids: Iterable[int] | None = None) -> dict[int, list[int]]:
-        """Stop the given live sequences (all when None); return their tokens so far. Sequences that
+        """Stop the given live sequences (all when None); return their tokens so far (each a
+        `TokensSoFar` carrying its log-probs, for the resume). Sequences that
         already finished (completion not yet collected) are not aborted and stay collectable."""
         ...
 

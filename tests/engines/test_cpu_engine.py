@@ -287,3 +287,77 @@ def test_random_abort_resume_schedules_never_change_greedy_output(engine, uninte
     assert sorted(done) == sorted(submitted)
     for sid, c in done.items():
         assert c.token_ids == uninterrupted[sid].token_ids, sid
+
+
+# ---------------------------------------------------------------------- behaviour log-probs
+def hf_logprobs(model_dir, prompt_ids: list[int], response_ids: list[int], temperature: float) -> list[float]:
+    """Reference: one `transformers` forward over prompt + response, `log_softmax(logits / T)` at
+    each response token (T = 1 for greedy, the protocol's convention)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    ids = torch.tensor([prompt_ids + response_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()
+    T = temperature if temperature > 0 else 1.0
+    lp = torch.log_softmax(logits[len(prompt_ids) - 1: len(prompt_ids) - 1 + len(response_ids)] / T, dim=-1)
+    return lp.gather(1, torch.tensor(response_ids)[:, None])[:, 0].tolist()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
+def test_logprobs_equal_transformers_log_softmax(engine, tiny_dir, prompts, temperature):
+    sp = SamplingParams(temperature=temperature, max_tokens=16, seed=3)
+    out = engine.generate(_reqs(prompts[:4], sp))  # batched with left padding: must not matter
+    for c, p in zip(out, prompts):
+        assert c.logprobs is not None and len(c.logprobs) == len(c.token_ids)
+        ref = hf_logprobs(tiny_dir, p, c.token_ids, temperature)
+        assert c.logprobs == pytest.approx(ref, abs=2e-4), (c.seq_id, temperature)
+        assert all(x <= 0 for x in c.logprobs)
+    if temperature == 0.7:  # the tempered softmax, not the raw one: T really enters
+        raw = hf_logprobs(tiny_dir, prompts[0], out[0].token_ids, 1.0)
+        assert max(abs(a - b) for a, b in zip(out[0].logprobs, raw)) > 1e-2
+
+
+def test_logprobs_survive_abort_and_resume(engine, tiny_dir, prompts):
+    """Sampled (seeded) sequences aborted mid-flight and resumed: the completion's log-probs cover
+    the whole response and still equal the reference, and abort/snapshot carry them."""
+    from pivotrl.engines.protocol import TokensSoFar
+
+    sp = SamplingParams(temperature=1.0, max_tokens=20, seed=11)
+    for r in _reqs(prompts[:3], sp):
+        engine.submit(r)
+    for _ in range(6):
+        assert not engine.step()  # 20-token budget: nothing finishes in 6 steps unless EOS
+    snap = engine.snapshot([1])
+    assert isinstance(snap[1], TokensSoFar) and len(snap[1].logprobs) == len(snap[1]) == 6
+    aborted = engine.abort([0, 1])
+    assert all(isinstance(t, TokensSoFar) and len(t.logprobs) == len(t) == 6 for t in aborted.values())
+    assert aborted[1].logprobs == snap[1].logprobs
+    for sid, toks in aborted.items():  # the TokensSoFar hands its log-probs to the request
+        engine.submit(GenerationRequest(sid, prompts[sid], sp, generated=toks))
+    done = {}
+    while engine.has_unfinished():
+        done.update({c.seq_id: c for c in engine.step()})
+    for sid, c in done.items():
+        assert len(c.logprobs) == len(c.token_ids)
+        assert c.token_ids[:6] == list(aborted.get(sid, c.token_ids[:6]))
+        assert c.logprobs == pytest.approx(hf_logprobs(tiny_dir, prompts[sid], c.token_ids, 1.0), abs=2e-4)
+
+
+def test_resume_without_logprobs_reports_unknown(engine, prompts):
+    toks = engine.generate(_reqs(prompts[:1]))[0].token_ids[:3]
+    c = engine.generate([GenerationRequest(7, prompts[0], GREEDY, generated=toks)])[0]
+    assert c.logprobs is None  # unknown, never silently partial
+    with pytest.raises(ValueError, match="generated_logprobs"):
+        GenerationRequest(8, prompts[0], GREEDY, generated=toks, generated_logprobs=[0.0])
+
+
+def test_tokens_so_far_pickles_with_logprobs():
+    import pickle
+
+    from pivotrl.engines.protocol import TokensSoFar
+
+    t = pickle.loads(pickle.dumps(TokensSoFar([3, 4], [-0.5, -1.25])))
+    assert t == [3, 4] and t.logprobs == [-0.5, -1.25]
+    with pytest.raises(ValueError, match="log-probs"):
+        TokensSoFar([1, 2], [0.0])
