@@ -54,12 +54,14 @@ def _fmt(v: float) -> str:
     return f"{v:g}"
 
 
-def points(quick: bool) -> list[tuple[str, float, list[str]]]:
-    """(parameter, value, overrides); the shared default point comes first as parameter 'default'."""
+def points(quick: bool, only: list[str] | None = None) -> list[tuple[str, float, list[str]]]:
+    """(parameter, value, overrides); the shared default point comes first as parameter 'default'.
+    `only` keeps the named parameters (and corners when it names `corner`)."""
     out: list[tuple[str, float, list[str]]] = [("default", 0.0, [])]
     for name, _, values, tmpl in (QUICK_PARAMS if quick else PARAMS):
-        out += [(name, v, [tmpl.format(v=_fmt(v))]) for v in values]
-    if not quick:
+        if only is None or name in only:
+            out += [(name, v, [tmpl.format(v=_fmt(v))]) for v in values]
+    if not quick and (only is None or "corner" in only):
         out += [(name, 0.0, ov) for name, ov in CORNERS]
     return out
 
@@ -86,11 +88,12 @@ def _cell(args: tuple[list[str], str]) -> dict:
     return s
 
 
-def collect(out: Path, quick: bool, groups: list[str], jobs: int = 1) -> list[dict]:
+def collect(out: Path, quick: bool, groups: list[str], jobs: int = 1,
+            only: list[str] | None = None) -> list[dict]:
     base = QUICK_BASE if quick else ["cluster=sim", "train.steps=7", "train.warmup_steps=1"]
     cells = []
     for g in groups:
-        for name, v, ov in points(quick):
+        for name, v, ov in points(quick, only):
             tag = _tag(name, v)
             for m in MODES:
                 cells.append(((g, name, v, m), ([*base, f"models={g}", f"deploy={m}", *ov],
@@ -108,7 +111,7 @@ def collect(out: Path, quick: bool, groups: list[str], jobs: int = 1) -> list[di
     defaults = {p[0]: p[1] for p in PARAMS}
     rows = []
     for g in groups:
-        for name, v, _ in points(quick):
+        for name, v, _ in points(quick, only):
             r = {"models": g, "parameter": name, "value": v if name != "default" else "",
                  "is_default": name == "default"}
             for m in MODES:
@@ -187,12 +190,15 @@ def main(argv=None) -> int:
     ap.add_argument("--groups", nargs="*", default=None,
                     help="model groups (default: qwen7b_qwen30b; --quick: qwen1.5b_glm9b)")
     ap.add_argument("--jobs", type=int, default=1, help="processes running cells in parallel")
+    known = [p[0] for p in PARAMS] + ["corner"]
+    ap.add_argument("--params", nargs="*", choices=known, default=None,
+                    help="only these parameters (default: all, corners included)")
     args = ap.parse_args(argv)
     groups = args.groups or (["qwen1.5b_glm9b"] if args.quick else ["qwen7b_qwen30b"])
     csv_path = args.out / "sensitivity.csv"
     if not args.plot_only:
         t0 = time.perf_counter()
-        rows = collect(args.out, args.quick, groups, args.jobs)
+        rows = collect(args.out, args.quick, groups, args.jobs, args.params)
         write_csv(rows, csv_path)
         print(f"sensitivity: {len(rows)} points x {len(MODES)} modes in {time.perf_counter() - t0:.0f} s")
         for r in rows:
