@@ -50,7 +50,8 @@ class DevicePoll:
     completions: list[Any] = field(default_factory=list)
     """`protocol.Completion`s, each reported once."""
     progress: dict[int, list[int]] = field(default_factory=dict)
-    """New tokens per live sequence since the previous poll (append to the driver's copy)."""
+    """New tokens per live sequence since the previous poll (append to the driver's copy), each a
+    `protocol.TokensSoFar` carrying those tokens' behaviour log-probs (None when unknown)."""
     stats: Any = None
     """`protocol.EngineStats` (samples drained) of the active engine, or None."""
     role: str | None = None
@@ -63,6 +64,7 @@ class AbortResult:
     """What `abort` returns: stopped sequences with all their tokens, and ones that had finished."""
 
     aborted: dict[int, list[int]] = field(default_factory=dict)
+    """seq_id -> `protocol.TokensSoFar`: every token so far, with its behaviour log-probs."""
     finished: list[Any] = field(default_factory=list)
 
 
@@ -202,13 +204,16 @@ class DeviceWorker:
         res = DevicePoll(device=self.device, completions=out, error=error,
                          role=None if host is None else host.role.value)
         if isinstance(host, InferenceHost) and host.engine is not None and host.active:
+            from pivotrl.engines.protocol import TokensSoFar, logprobs_of
+
             snap = host.engine.snapshot()
             res.stats = host.engine.stats(drain=True)
             with self._cv:
                 for sid, toks in snap.items():
                     seen = self._reported.get(sid, 0)
                     if len(toks) > seen:
-                        res.progress[sid] = toks[seen:]
+                        lps = logprobs_of(toks)  # the delta keeps its log-probs (a resume needs them)
+                        res.progress[sid] = TokensSoFar(toks[seen:], None if lps is None else lps[seen:])
                         self._reported[sid] = len(toks)
                 for c in out:
                     self._reported.pop(c.seq_id, None)

@@ -18,10 +18,14 @@ Decisions:
   dead training rank is fatal (its process group is gone): the run stops with that error.
 - The throughput model starts from a prior and is refitted online from engine iteration samples
   (`monitor.py`); `tau_shift` starts at `runtime.tau_shift_prior_s` and follows measured shifts.
-- Train batches carry no behaviour log-probs (the engines do not return per-token log-probs), so
-  the trainer treats a stale sample as on-policy (ratio 1). Measured on the tiny task (6 steps,
-  lr 5e-4): staleness 0 is stable and pivot equals colocated step for step; with staleness 2 the
-  policy degrades. Passing engine log-probs as `TrainBatch.old_log_probs` is the fix.
+- Behaviour log-probs travel with the tokens. Every token the driver keeps for a sequence (poll
+  deltas, abort results, completions) is a `protocol.TokensSoFar` carrying the engine's log-prob
+  of each token under the distribution it was sampled from; a resume hands them back to the next
+  engine, and a rollout's completed list becomes its `TrainBatch.old_log_probs`. So PPO's
+  importance ratio is pi_current / pi_behaviour and clipping corrects for staleness (before this,
+  stale samples were trained as on-policy, ratio 1, and with staleness 2 the tiny policy
+  degraded). A sample whose log-probs are unknown (a resume from tokens without them) makes its
+  batch fall back to the trainer's recomputed ones (ratio 1), counted as `logprobs_missing`.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ from typing import Any
 from pivotrl.config.runtime import RuntimeConfig
 from pivotrl.core.types import INFERENCE_ROLES, Role, Slot
 from pivotrl.deploy import make_controller
+from pivotrl.engines.protocol import TokensSoFar, logprobs_of
 from pivotrl.deploy.events import (
     Dispatch, Finish, PublishWeights, Record, SequenceFinished, ShiftDone, Start, StartShift, StartTraining,
     StepDone, Tick, TrainingDone,
@@ -43,6 +48,15 @@ from pivotrl.runtime.local_setup import LocalSetup
 from pivotrl.runtime.monitor import Monitor
 
 log = logging.getLogger(__name__)
+
+
+def join_tokens(have: list[int] | None, delta: list[int]) -> TokensSoFar:
+    """`have + delta` as a `TokensSoFar`; its log-probs are known only if both parts' are (an
+    empty `have` is known: nothing generated yet)."""
+    have = [] if have is None else have
+    a = logprobs_of(have) if have else []
+    b = logprobs_of(delta)
+    return TokensSoFar([*have, *delta], None if a is None or b is None else [*a, *b])
 
 
 class LocalRuntime:
@@ -61,6 +75,7 @@ class LocalRuntime:
         self.judge_ids: dict[int, list[int]] = {}
         self.responses: dict[int, list[int]] = {}
         self.versions: dict[int, int] = {}
+        self.logprobs: dict[int, list[float] | None] = {}  # rollout sid -> behaviour log-probs
         self.rewards: dict[int, Any] = {}
         self.trained_ids: list[int] = []
         self.train_metrics: dict[int, dict[str, float]] = {}
@@ -74,7 +89,8 @@ class LocalRuntime:
         self.last_step_end = 0.0
         self.window0: float | None = None
         self.rows: list[dict[str, Any]] = []
-        self.counts = {"aborts": 0, "resumes": 0, "shifts": 0, "device_deaths": 0, "stale_completions": 0}
+        self.counts = {"aborts": 0, "resumes": 0, "shifts": 0, "device_deaths": 0, "stale_completions": 0,
+                       "logprobs_missing": 0}
         self.busy = {r.value: 0.0 for r in (*INFERENCE_ROLES, Role.TRAIN)}
         self.held = {k: 0.0 for k in ("rollout", "reward", "train", "free")}
 
@@ -177,7 +193,7 @@ class LocalRuntime:
         new = 0
         for sid, toks in res.progress.items():
             if self.placed[role].get(sid) == d:
-                self.tokens[role].setdefault(sid, []).extend(toks)
+                self.tokens[role][sid] = join_tokens(self.tokens[role].get(sid), toks)
                 new += len(toks)
         self.monitor.ingest(role, d, res.stats, new)
         for c in res.completions:
@@ -190,9 +206,10 @@ class LocalRuntime:
             self.counts["stale_completions"] += 1
             return
         del self.placed[role][c.seq_id]
-        self.tokens[role][c.seq_id] = list(c.token_ids)
+        self.tokens[role][c.seq_id] = TokensSoFar(c.token_ids, c.logprobs)
         if role == Role.ROLLOUT:
             self.responses[c.seq_id] = list(c.token_ids)
+            self.logprobs[c.seq_id] = None if c.logprobs is None else list(c.logprobs)
             self.versions[c.seq_id] = int(c.version)
             self.judge_ids[c.seq_id] = self.s.judge_prompt(c.seq_id, c.token_ids)
         else:
@@ -278,7 +295,11 @@ class LocalRuntime:
             raise RuntimeError(f"samples {sorted(dup)[:8]} would be trained twice")
         self.trained_ids.extend(act.sample_ids)
         batch = self.s.train_batch(act.sample_ids, {sid: self.rewards[sid].total for sid in act.sample_ids},
-                                   self.responses, self.versions)
+                                   self.responses, self.versions, self.logprobs)
+        if batch.old_log_probs is None:
+            self.counts["logprobs_missing"] += 1
+            log.warning("batch %d: some samples have no behaviour log-probs; training them as on-policy",
+                        act.batch)
         t0 = time.perf_counter()
         ref = ray.put(batch)
         metrics = self.ex.train_call(act.devices, "train_step", ref)[0]
@@ -326,7 +347,7 @@ class LocalRuntime:
         res = self.ex.execute_moves(role, act.moves, self._request)
         for sid, toks in res.aborted.items():
             if len(toks) >= len(self.tokens[role].get(sid, ())):
-                self.tokens[role][sid] = list(toks)
+                self.tokens[role][sid] = TokensSoFar(toks, logprobs_of(toks))
             self.placed[role].pop(sid, None)
             self.counts["aborts"] += 1
         finished = {c.seq_id for _, c in res.finished}
@@ -387,6 +408,8 @@ class LocalRuntime:
             "genrm_parse_failures": sum(1 for r in rw if not r.genrm_ok),
             "loss": tm.get("loss"), "grad_norm": tm.get("grad_norm"),
             "samples_rejected_stale": tm.get("samples_rejected_stale"),
+            # importance ratio vs the behaviour log-probs: how far off-policy the batch was
+            "ratio_mean": tm.get("ratio_mean"), "clipfrac": tm.get("clipfrac"), "approx_kl": tm.get("approx_kl"),
             "tau_shift": {r.value: v for r, v in self.ex.tau_shift.items()},
             "role_state": {r.value: vars(self.monitor.state(r, self.ctrl.sched[r])) for r in INFERENCE_ROLES},
             **self.counts, **f,
@@ -427,6 +450,7 @@ class LocalRuntime:
             "device_deaths": self.counts["device_deaths"],
             "aborts": self.counts["aborts"], "resumes": self.counts["resumes"],
             "stale_completions_dropped": self.counts["stale_completions"],
+            "batches_without_behaviour_logprobs": self.counts["logprobs_missing"],
             "step_time_s": [r["step_time_s"] for r in self.rows],
             "reward_mean": [r["reward_mean"] for r in self.rows],
             "train_accuracy": [r["train_accuracy"] for r in self.rows],

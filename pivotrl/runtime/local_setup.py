@@ -206,7 +206,8 @@ class LocalSetup:
                                  staleness=self.staleness, world_size=slot.tp,
                                  backend="gloo" if self.accelerator == "cpu" else "nccl", device=self.accelerator,
                                  num_threads=int(self.cfg.cluster.threads_per_device), seed=int(self.cfg.seed),
-                                 logprob_temperature=max(self.rt.rollout_temperature, 1e-3))
+                                 # The engines' log-prob convention (protocol docstring): T, or 1 for greedy.
+                                 logprob_temperature=self.rt.rollout_temperature or 1.0)
             return RoleSpec(Role.TRAIN, "policy", str(self.policy_path), trainer=tcfg, rank=index,
                             world_size=slot.tp, init_method=f"file://{self._pg_file}",
                             resume_from=str(self.resume_path) if self.resume_path else None)
@@ -230,17 +231,19 @@ class LocalSetup:
         return self.source.example_of(b, r // self.G)
 
     def request(self, role: Role, sid: int, generated: list[int], judge_ids: list[int] | None) -> Any:
-        from pivotrl.engines.protocol import GenerationRequest, SamplingParams
+        from pivotrl.engines.protocol import GenerationRequest, SamplingParams, logprobs_of
 
         if role == Role.ROLLOUT:
             params = SamplingParams(temperature=self.rt.rollout_temperature, max_tokens=self.max_response,
                                     seed=(int(self.cfg.seed) * 1_000_003 + sid) % (2**31))
-            return GenerationRequest(sid, self.prompt_ids[self.example_of(sid)], params, generated=list(generated))
+            return GenerationRequest(sid, self.prompt_ids[self.example_of(sid)], params, generated=list(generated),
+                                     generated_logprobs=logprobs_of(generated))
         if judge_ids is None:
             raise RuntimeError(f"reward sequence {sid} dispatched before its response finished")
         rc = self.rt.reward
         params = SamplingParams(temperature=rc.genrm_temperature, max_tokens=rc.genrm_max_tokens)
-        return GenerationRequest(sid, judge_ids, params, generated=list(generated))
+        return GenerationRequest(sid, judge_ids, params, generated=list(generated),
+                                 generated_logprobs=logprobs_of(generated))
 
     def _text(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
@@ -258,14 +261,25 @@ class LocalSetup:
                               genrm_text=self._text(genrm_ids))
 
     def train_batch(self, ids: list[int], rewards: dict[int, float], responses: dict[int, list[int]],
-                    versions: dict[int, int]) -> Any:
+                    versions: dict[int, int], logprobs: dict[int, list[float] | None] | None = None) -> Any:
+        """The GRPO batch of samples `ids`. `logprobs[sid]` (the rollout engine's behaviour
+        log-probs, one per response token) become `old_log_probs`, so the trainer's importance
+        ratio corrects for staleness; if any sample lacks them the batch carries none (the trainer
+        then recomputes them: ratio 1), never a mix."""
         from pivotrl.engines.trainer_worker import TrainBatch
 
+        old = None
+        if logprobs is not None and all(logprobs.get(s) is not None for s in ids):
+            old = [[float(x) for x in logprobs[s]] for s in ids]
+            for s, lp in zip(ids, old):
+                if len(lp) != len(responses[s]):
+                    raise ValueError(f"sample {s}: {len(lp)} behaviour log-probs for {len(responses[s])} "
+                                     "response tokens")
         return TrainBatch(prompt_ids=[self.prompt_ids[self.example_of(s)] for s in ids],
                           response_ids=[list(responses[s]) for s in ids],
                           versions=[int(versions[s]) for s in ids],
                           rewards=[float(rewards[s]) for s in ids],
-                          group_ids=[s // self.G for s in ids])
+                          group_ids=[s // self.G for s in ids], old_log_probs=old)
 
     # ------------------------------------------------------------------ evaluation
     def val_accuracy(self, gps_model: str | None) -> dict[str, float]:

@@ -96,6 +96,50 @@ def test_seeded_sampling_reproducible(veng, prompts):
     assert a == b and len(a) == 12
 
 
+def _hf_logprobs(model_dir, prompt_ids, response_ids, temperature):
+    from .test_cpu_engine import hf_logprobs
+
+    return hf_logprobs(model_dir, prompt_ids, response_ids, temperature)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_logprobs_equal_transformers_log_softmax(veng, tiny_dir, prompts, temperature):
+    """`processed_logprobs` + `logprobs=0`: the sampled token's log_softmax(logits / T) (T = 1 for
+    greedy), the same quantity as the CPU engine and the trainer."""
+    sp = SamplingParams(temperature=temperature, max_tokens=16, seed=5)
+    out = veng.generate(_reqs(prompts[:4], sp, base=600 + int(temperature * 10) * 10))
+    for c, p in zip(out, prompts):
+        assert c.logprobs is not None and len(c.logprobs) == len(c.token_ids)
+        assert c.logprobs == pytest.approx(_hf_logprobs(tiny_dir, p, c.token_ids, temperature), abs=2e-3)
+    if temperature:  # tempered, not vLLM's default raw log-probs
+        raw = _hf_logprobs(tiny_dir, prompts[0], out[0].token_ids, 1.0)
+        assert max(abs(a - b) for a, b in zip(out[0].logprobs, raw)) > 1e-2
+
+
+def test_logprobs_survive_abort_and_resume(veng, tiny_dir, prompts):
+    sp = SamplingParams(temperature=1.0, max_tokens=24, seed=9, ignore_eos=True)
+    for r in _reqs(prompts, sp, base=700):
+        veng.submit(r)
+    deadline = time.time() + 60
+    while time.time() < deadline and min(len(v) for v in veng.snapshot().values() or [[]]) < 3:
+        time.sleep(0.01)
+    done = {c.seq_id: c for c in veng.step(timeout=0)}
+    aborted = veng.abort([700 + i for i in range(len(prompts))])
+    assert aborted, "nothing was in flight to abort"
+    for sid, toks in aborted.items():
+        assert toks.logprobs is not None and len(toks.logprobs) == len(toks)
+        veng.submit(GenerationRequest(sid, prompts[sid - 700], sp, generated=toks))
+    while veng.has_unfinished():
+        done.update({c.seq_id: c for c in veng.step(timeout=None)})
+    for sid, c in done.items():
+        assert len(c.token_ids) == 24 and len(c.logprobs) == 24
+        if sid in aborted:
+            assert c.token_ids[:len(aborted[sid])] == list(aborted[sid])
+            assert c.logprobs[:len(aborted[sid])] == aborted[sid].logprobs
+        ref = _hf_logprobs(tiny_dir, prompts[sid - 700], c.token_ids, 1.0)
+        assert c.logprobs == pytest.approx(ref, abs=2e-3), sid
+
+
 def test_bad_model_folder_names_it(tmp_path):
     from pivotrl.engines.vllm_engine import VLLMEngine
 
