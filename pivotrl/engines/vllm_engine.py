@@ -324,6 +324,8 @@ class VLLMEngine:
         """The sampled tokens' log-probs of one DELTA output (`logprobs=0`: each position's dict
         holds the sampled token, perhaps beside a tied top-1 entry)."""
         lps = o.logprobs
+        if not o.token_ids:  # a final output may carry no new token (and then no log-probs)
+            return []
         if lps is None or len(lps) != len(o.token_ids):
             raise RuntimeError(f"vLLM returned {0 if lps is None else len(lps)} log-prob entries for "
                                f"{len(o.token_ids)} tokens (SamplingParams.logprobs=0 was requested)")
