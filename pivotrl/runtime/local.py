@@ -331,7 +331,7 @@ class LocalRuntime:
             self._spawn(self._train, act)
         elif isinstance(act, PublishWeights):
             ref, version = self.ex.params.read("policy")
-            self.ex.publish_to_rollout(ref, version)
+            self._await_publish(self.ex.publish_to_rollout(ref, version), version)
         elif isinstance(act, Record):
             if self.tracker is not None:
                 self.tracker.log_event(act.kind, **act.fields)
@@ -341,6 +341,21 @@ class LocalRuntime:
             self.done = True
         else:
             raise TypeError(f"local runtime cannot carry out {type(act).__name__}")
+
+    def _await_publish(self, refs: list[Any], version: int) -> None:
+        """Wait until every rollout replica holds `version` before the controller's next actions
+        run. The device actors are threaded, so a `submit` sent right after an unawaited
+        `load_weights` could be admitted first, under the old weights: its sample would then be
+        older than the controller's staleness accounting assumes, the trainer would reject it,
+        and a batch rejected whole leaves the trainer's version behind the pipeline's (seen:
+        "runtime reports version 12, pipeline is at 13"). A dead device is left to its poll."""
+        import ray
+
+        for r in refs:
+            try:
+                ray.get(r, timeout=120)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
+                log.warning("publish of policy version %d hit a dead device: %s", version, type(e).__name__)
 
     def _dispatch(self, act: Dispatch) -> None:
         role = act.role
