@@ -1,0 +1,144 @@
+"""Sim against real (issue 5 item 6): replay real `cluster=local` runs in the simulator and compare
+predicted with measured step times. `python -m artifact.sim_vs_real.run [--quick] [--run-dir DIR ...]`.
+
+For each real run folder (`--run-dir`, repeatable; without it, runs `python train.py cluster=local
+models=tiny deploy=MODE` for `--modes` first: `--quick` = pivot only, 4 steps), fits the simulator's
+constants from the folder (`pivotrl.sim.replay.constants_from_run`: the monitor's last online
+throughput fit per role, median training seconds per step, measured shift times), replays the same
+mode, devices, batch shape, staleness, planner settings and steps on the run's recorded per-step
+token totals, and writes:
+- `sim_vs_real.csv`: one row per (run, step): measured and predicted step seconds and the error;
+- `sim_vs_real_summary.csv`: per run, mean absolute % error over the measured steps (after warm-up),
+  and measured vs predicted total time of those steps;
+- `sim_vs_real.png`: measured vs predicted step times per run;
+- `constants.json`: the fitted constants and the replay's stated approximations, per run.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from artifact.common import ROOT, compose, item_parser, plt, read_csv, write_csv
+
+MODES = ("pivot", "colocated", "disaggregated", "rr_colocated")
+
+
+def run_config(run_dir: Path) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load((run_dir / "config.yaml").read_text())
+
+
+def initial_allocation(rc: dict[str, Any], mode: str, n: int) -> dict:
+    """The allocation the real run's controller started from: `deploy.allocation` or the local
+    runtime's own default (imported, not copied)."""
+    from pivotrl.core.types import Role
+    from pivotrl.runtime.local_setup import default_allocation
+
+    a = rc["deploy"].get("allocation") or {}
+    if any(v for v in a.values()):
+        return {Role(k): int(v or 0) for k, v in a.items()}
+    return default_allocation(mode, n)
+
+
+def replay_run(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """Replay one real run; returns (per-step rows, summary row, constants)."""
+    from pivotrl.sim.replay import RunRecords, constants_from_run, replay
+
+    rec = RunRecords.load(run_dir)
+    rc = run_config(run_dir)
+    mode = rc["deploy"]["mode"]
+    n = int(rec.summary["devices"])
+    kv = int(rc["cluster"]["runtime"]["engine"]["kv_capacity_tokens"])
+    consts = constants_from_run(rec, kv, initial_allocation(rc, mode, n))
+    over = ["cluster=sim", "models=tiny", f"deploy={mode}", f"seed={rc['seed']}",
+            f"deploy.staleness={rc['deploy']['staleness']}", "logging.wandb_mode=disabled",
+            "logging.progress=false", f"train.prompts_per_step={rec.P}", f"train.group_size={rec.G}"]
+    over += [f"deploy.planner.{k}={v}" for k, v in rc["deploy"]["planner"].items() if v is not None]
+    cfg = compose(over)
+    steps, warm = len(rec.steps), int(rec.summary["warmup_steps"])
+    sim = replay(cfg, consts, rec.workload(), steps, warm, n)
+    meas = [float(s["step_time_s"]) for s in rec.steps]
+    pred = [float(x) for x in sim["step_time_s"]]
+    rows = []
+    for i, (m, p) in enumerate(zip(meas, pred)):
+        rows.append({"run": run_dir.name, "deploy": mode, "step": i + 1, "measured_s": m, "predicted_s": p,
+                     "error_pct": 100.0 * (p - m) / m if m > 0 else "", "warmup": i + 1 <= warm})
+    after = [r for r in rows if not r["warmup"] and r["error_pct"] != ""]
+    mape = sum(abs(r["error_pct"]) for r in after) / len(after) if after else float("nan")
+    tm, tp = sum(r["measured_s"] for r in after), sum(r["predicted_s"] for r in after)
+    summary = {"run": run_dir.name, "deploy": mode, "devices": n, "steps": steps, "warmup": warm,
+               "P": rec.P, "G": rec.G, "mape_pct": mape, "measured_total_s": tm, "predicted_total_s": tp,
+               "total_error_pct": 100.0 * (tp - tm) / tm if tm > 0 else float("nan"),
+               "measured_shifts": rec.summary.get("num_shifts"), "predicted_shifts": sim.get("num_shifts"),
+               "per_sample_lengths": rec.per_sample}
+    return rows, summary, {"run_dir": str(run_dir), **consts.as_dict()}
+
+
+def real_run(mode: str, out: Path, steps: int) -> Path:
+    d = out / "real" / mode
+    if not (d / "summary.json").exists():
+        cmd = [sys.executable, str(ROOT / "train.py"), "cluster=local", "models=tiny", f"deploy={mode}",
+               f"train.steps={steps}", f"hydra.run.dir={d}", "logging.wandb_mode=disabled"]
+        print(f"[sim_vs_real] real run: {' '.join(cmd[1:])}", flush=True)
+        subprocess.run(cmd, cwd=ROOT, check=True)
+    return d
+
+
+def plot(csv_path: Path, png_path: Path) -> None:
+    rows = read_csv(csv_path)
+    runs = list(dict.fromkeys(r["run"] for r in rows))
+    p = plt()
+    fig, axes = p.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.4), squeeze=False)
+    for ax, run in zip(axes[0], runs):
+        rr = [r for r in rows if r["run"] == run]
+        xs = [int(r["step"]) for r in rr]
+        ax.plot(xs, [float(r["measured_s"]) for r in rr], "o-", label="measured (real)")
+        ax.plot(xs, [float(r["predicted_s"]) for r in rr], "s--", label="predicted (sim)")
+        ax.set_title(f"{rr[0]['deploy']} ({run})", fontsize=9)
+        ax.set_xlabel("step (1 = warm-up)")
+        ax.set_ylabel("step time, s")
+        ax.legend(fontsize=7)
+    fig.suptitle("Simulator replay vs real cluster=local run: step times", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    p.close(fig)
+    print(f"wrote {png_path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = item_parser("sim_vs_real", __doc__)
+    ap.add_argument("--run-dir", type=Path, action="append", default=[], help="a real run folder (repeatable)")
+    ap.add_argument("--modes", default="pivot", help=f"modes to run for real when no --run-dir: from {MODES}")
+    ap.add_argument("--steps", type=int, default=None, help="steps of those real runs (default 6, --quick 4)")
+    a = ap.parse_args(argv)
+    csv_path, png_path = a.out / "sim_vs_real.csv", a.out / "sim_vs_real.png"
+    if not a.plot_only:
+        dirs = list(a.run_dir)
+        if not dirs:
+            modes = ["pivot"] if a.quick else [m for m in a.modes.split(",") if m]
+            bad = [m for m in modes if m not in MODES]
+            if bad:
+                ap.error(f"--modes: unknown {bad}; allowed: {list(MODES)}")
+            dirs = [real_run(m, a.out, a.steps or (4 if a.quick else 6)) for m in modes]
+        rows, sums, consts = [], [], []
+        for d in dirs:
+            r, s, c = replay_run(Path(d))
+            rows += r
+            sums.append(s)
+            consts.append(c)
+            print(f"[sim_vs_real] {s['deploy']} {s['run']}: MAPE {s['mape_pct']:.1f}% over steps "
+                  f"{s['warmup'] + 1}..{s['steps']}; total measured {s['measured_total_s']:.1f}s "
+                  f"predicted {s['predicted_total_s']:.1f}s ({s['total_error_pct']:+.1f}%)", flush=True)
+        write_csv(rows, csv_path)
+        write_csv(sums, a.out / "sim_vs_real_summary.csv")
+        (a.out / "constants.json").write_text(json.dumps(consts, indent=2))
+    plot(csv_path, png_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""Replay a real run in the simulator: recorded workload, fitted constants, same control plane.
+
+Owns the glue of issue 5 item 6 ("sim against real"), built only from the simulator's public pieces
+(`SimSetup`, `SimRuntime`, `RoleCosts`, `SampleLengths`) and the run folder's records:
+- `ReplayWorkload`: a workload (the same interface as `sim.workload.Workload`) that yields recorded
+  lengths instead of drawing them. `from_step_totals` builds one from what a run folder records per
+  step today (token totals and means per step; see `RunRecords.per_sample`): every sample of a step
+  gets that step's mean lengths, spread so the step's token totals match exactly.
+- `ReplayConstants` + `constants_from_run`: the simulator's constants fitted from a real run:
+  per-role `ThroughputModel` (the last online fit the monitor logged, `throughput_fit` records),
+  training seconds per step (median of the measured `train_s`), shift-up/down seconds per role
+  (mean of the measured warm `shift_timing` device records; the first load of a role on a device,
+  `cold`, is kept separately and charged the first time the replay shifts that device up to that
+  role), KV capacity per replica and the initial allocation from the run's config and records.
+- `ReplayRuntime`: `SimRuntime` with training and shift times taken from `ReplayConstants` instead
+  of the MFU and bandwidth models; everything else (controllers, schedulers, planner, decode clock)
+  is the simulator's own code.
+
+What the replay cannot see: per-sample lengths (the run folder records per-step totals only: the
+long tail of a step's responses, which sets when rollout ends, is averaged away), contention
+between virtual devices that share cores (the fitted models already include the contention the
+run saw, at its average level), the weight refresh of rollout replicas (not timed in the records:
+charged as 0 s), and engine start-up jitter.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pivotrl.core.throughput import ThroughputModel
+from pivotrl.core.types import INFERENCE_ROLES, Role
+from pivotrl.sim.runtime import SimRuntime, SimSetup
+from pivotrl.sim.timemodel import RoleCosts
+from pivotrl.sim.workload import Prompt, SampleLengths
+
+
+class ReplayWorkload:
+    """Recorded lengths, `batches[b][p][i]` for batch b, prompt p, sample i (the sim's Workload API)."""
+
+    def __init__(self, batches: list[list[list[SampleLengths]]]) -> None:
+        if not batches or not batches[0] or not batches[0][0]:
+            raise ValueError("ReplayWorkload needs at least one batch with one prompt and one sample")
+        self.P, self.G = len(batches[0]), len(batches[0][0])
+        for b, rows in enumerate(batches):
+            if len(rows) != self.P or any(len(r) != self.G for r in rows):
+                raise ValueError(f"ReplayWorkload batch {b} is not {self.P} prompts x {self.G} samples")
+            for r in rows:
+                if any(x.prompt != r[0].prompt for x in r):
+                    raise ValueError(f"ReplayWorkload batch {b}: samples of one prompt differ in prompt length")
+        self.batches = batches
+        self.step_offset = 0
+
+    @classmethod
+    def from_step_totals(cls, steps: list[dict[str, float]], P: int, G: int) -> "ReplayWorkload":
+        """One batch per entry of `steps` (keys `prompt_tokens`, `response_tokens`, `genrm_tokens`:
+        that batch's totals over its P*G samples). Totals are spread as evenly as integers allow
+        (prompt totals per prompt, the others per sample), so each batch's totals are exact."""
+        n = P * G
+        out = []
+        for st in steps:
+            prompts = _spread(int(round(st["prompt_tokens"] / G)), P)
+            resp = _spread(int(round(st["response_tokens"])), n)
+            gen = _spread(int(round(st["genrm_tokens"])), n)
+            out.append([[SampleLengths(prompts[p], resp[p * G + i], gen[p * G + i]) for i in range(G)]
+                        for p in range(P)])
+        return cls(out)
+
+    @property
+    def batch_samples(self) -> int:
+        return self.P * self.G
+
+    def sample_id(self, batch: int, prompt: int, index: int) -> int:
+        return batch * self.batch_samples + prompt * self.G + index
+
+    def locate(self, sample_id: int) -> tuple[int, int, int]:
+        batch, rest = divmod(int(sample_id), self.batch_samples)
+        prompt, index = divmod(rest, self.G)
+        return batch, prompt, index
+
+    def batch_lengths(self, batch: int) -> list[list[SampleLengths]]:
+        if not 0 <= batch < len(self.batches):
+            raise IndexError(f"ReplayWorkload has batches 0..{len(self.batches) - 1}, asked for {batch}")
+        return self.batches[batch]
+
+    def lengths(self, sample_id: int) -> SampleLengths:
+        b, p, i = self.locate(sample_id)
+        return self.batch_lengths(b)[p][i]
+
+    def prompts(self, batch: int) -> list[Prompt]:
+        return [Prompt(p, batch, row[0].prompt) for p, row in enumerate(self.batch_lengths(batch))]
+
+
+def _spread(total: int, n: int) -> list[int]:
+    """`n` integers >= 1 summing to max(total, n), differing by at most one."""
+    total = max(total, n)
+    q, r = divmod(total, n)
+    return [q + 1 if k < r else q for k in range(n)]
+
+
+# ---------------------------------------------------------------------------------- run records
+@dataclass
+class RunRecords:
+    """What a run folder holds that the replay reads."""
+
+    run_dir: Path
+    summary: dict[str, Any]
+    steps: list[dict[str, Any]]
+    timeline: list[dict[str, Any]]
+    P: int
+    G: int
+    per_sample: bool = False
+    """True if the run recorded per-sample lengths (no run does yet: see the module docstring)."""
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "RunRecords":
+        run_dir = Path(run_dir)
+        for name in ("summary.json", "metrics.jsonl", "timeline.jsonl"):
+            if not (run_dir / name).exists():
+                raise FileNotFoundError(f"{run_dir} has no {name}: not a finished run folder")
+        summary = json.loads((run_dir / "summary.json").read_text())
+        steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        seen = [r["step"] for r in steps]
+        if len(seen) != len(set(seen)):
+            raise ValueError(f"{run_dir}/metrics.jsonl repeats step numbers: two runs wrote into one folder "
+                             f"(same-second Hydra folder names); replay a folder with one run")
+        steps.sort(key=lambda r: r["step"])
+        tl = [json.loads(x) for x in (run_dir / "timeline.jsonl").read_text().splitlines() if x.strip()]
+        return cls(run_dir, summary, steps, tl, int(summary["prompts_per_step"]), int(summary["group_size"]))
+
+    def step_totals(self) -> list[dict[str, float]]:
+        """Per-batch token totals, ordered by batch: prompt, response and GenRM-output tokens."""
+        out = []
+        for r in sorted(self.steps, key=lambda r: r["batch"]):
+            n = r["samples"]
+            resp = r["response_tokens_mean"] * n
+            gen = r["genrm_tokens_mean"] * n
+            out.append({"prompt_tokens": r["policy_tokens"] - resp, "response_tokens": resp, "genrm_tokens": gen})
+        return out
+
+    def workload(self) -> ReplayWorkload:
+        return ReplayWorkload.from_step_totals(self.step_totals(), self.P, self.G)
+
+
+@dataclass
+class ReplayConstants:
+    """The simulator's constants, fitted from one real run."""
+
+    models: dict[Role, ThroughputModel]
+    kv_capacity: int
+    shift_up_s: dict[Role, float]
+    shift_down_s: dict[Role, float]
+    cold_up_s: dict[Role, float]
+    train_s: float
+    allocation: dict[Role, int]
+    publish_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"models": {r.value: {k: getattr(m, k) for k in ("A", "B", "C", "D", "P0", "P1", "P2")}
+                           for r, m in self.models.items()},
+                "kv_capacity": self.kv_capacity,
+                "shift_up_s": {r.value: v for r, v in self.shift_up_s.items()},
+                "shift_down_s": {r.value: v for r, v in self.shift_down_s.items()},
+                "cold_up_s": {r.value: v for r, v in self.cold_up_s.items()},
+                "train_s": self.train_s, "publish_s": self.publish_s,
+                "allocation": {r.value: v for r, v in self.allocation.items()}, "notes": self.notes}
+
+
+def _model_from_fit(rec: dict[str, Any]) -> ThroughputModel:
+    return ThroughputModel(A=rec["A"], B=rec["B"], C=rec["C"], D=rec["D"], P0=rec["P0"], P1=rec["P1"], P2=rec["P2"])
+
+
+def constants_from_run(rec: RunRecords, kv_capacity: int, allocation: dict[Role, int]) -> ReplayConstants:
+    """Fit the replay's constants from a run's records (see the module docstring). `allocation` is
+    the initial allocation the run's controller got (the local runtime's default or `deploy.allocation`)."""
+    notes: list[str] = []
+    fits = {r: [x for x in rec.timeline if x.get("kind") == "throughput_fit" and x.get("role") == r.value]
+            for r in INFERENCE_ROLES}
+    models: dict[Role, ThroughputModel] = {}
+    for r in INFERENCE_ROLES:
+        if fits[r]:
+            models[r] = _model_from_fit(fits[r][-1])
+    if not models:
+        raise ValueError(f"{rec.run_dir}: no throughput_fit records: the run never fitted a throughput model")
+    for r in INFERENCE_ROLES:  # a role that never ran long enough to fit borrows the other's fit
+        if r not in models:
+            other = next(iter(models.values()))
+            models[r] = other
+            notes.append(f"{r.value}: no online fit in the run; used the other role's fit")
+    warm: dict[tuple[Role, str], list[float]] = {}
+    cold: dict[Role, list[float]] = {}
+    for x in rec.timeline:
+        if x.get("kind") != "shift_timing":
+            continue
+        for d in x.get("devices", []):
+            role, direction = Role(d["role"]), d["direction"]
+            if d.get("cold") and direction == "up":
+                cold.setdefault(role, []).append(float(d["seconds"]))
+            else:
+                warm.setdefault((role, direction), []).append(float(d["seconds"]))
+    roles = (*INFERENCE_ROLES, Role.TRAIN)
+    up = {r: statistics.mean(warm.get((r, "up")) or cold.get(r) or [0.0]) for r in roles}
+    down = {r: statistics.mean(warm.get((r, "down")) or [0.0]) for r in roles}
+    cold_up = {r: statistics.mean(cold[r]) for r in cold}
+    trains = [float(s["train_s"]) for s in rec.steps if s.get("train_s") is not None]
+    if not trains:
+        raise ValueError(f"{rec.run_dir}: metrics.jsonl has no train_s: cannot fit the training time")
+    notes.append("weight refresh of rollout replicas is not timed in the records: charged 0 s")
+    if not rec.per_sample:
+        notes.append("per-sample lengths are not recorded: every sample of a step gets that step's mean lengths")
+    return ReplayConstants(models, kv_capacity, up, down, cold_up, statistics.median(trains),
+                           dict(allocation), 0.0, notes)
+
+
+# ---------------------------------------------------------------------------------- the replay runtime
+class ReplayRuntime(SimRuntime):
+    """`SimRuntime` whose training, shift and publish times come from `ReplayConstants`."""
+
+    def __init__(self, setup: SimSetup, consts: ReplayConstants, tracker: Any = None) -> None:
+        super().__init__(setup, tracker)
+        self.consts = consts
+        self.publish_s = consts.publish_s
+        self._warm: set[tuple[int, Role]] = set()  # (device, role) pairs that have loaded once
+
+    def _start_training(self, act) -> None:
+        secs = self.consts.train_s
+        self.stats.train_start(self.now, len(act.devices))
+        self._push(self.now + secs, "train_done", (act.batch, act.version + 1, secs))
+
+    def _start_shift(self, act) -> None:
+        # The sim's shift without cold starts, plus the measured cold-load time where this replay
+        # loads a role on a device for the first time (the real engines did the same).
+        extra = 0.0
+        for s in act.plan.up:
+            key = (s.first_device, s.role)
+            if key not in self._warm:
+                self._warm.add(key)
+                if s.role in self.consts.cold_up_s:
+                    extra = max(extra, self.consts.cold_up_s[s.role] - self.consts.shift_up_s[s.role])
+        if extra <= 0:
+            return super()._start_shift(act)
+        # charge the cold load by delaying the shift's completion: run the normal shift, then move
+        # its completion event later by `extra` (the event queue holds (t, seq, kind, payload)).
+        super()._start_shift(act)
+        import heapq
+
+        for k, (t, seq, kind, payload) in enumerate(self._events):
+            if kind == "shift_done" and payload[0] is act.plan:
+                self._events[k] = (t + extra, seq, kind, (payload[0], payload[1], payload[2] + extra))
+                heapq.heapify(self._events)
+                break
+
+
+def replay_setup(cfg: Any, consts: ReplayConstants, workload: ReplayWorkload, steps: int,
+                 warmup: int, num_devices: int) -> SimSetup:
+    """A `SimSetup` for `cfg` (a composed `cluster=sim` config of the same mode) with the fitted
+    constants: role costs from the fitted models and measured shift times, the recorded workload."""
+    cfg = copy.deepcopy(cfg)
+    cfg.cluster.num_devices = int(num_devices)
+    cfg.models.policy.train_shift_up_s = consts.shift_up_s[Role.TRAIN]
+    cfg.models.policy.train_shift_down_s = consts.shift_down_s[Role.TRAIN]
+    cfg.models.sim.kv_reserve_tokens = 0
+    cfg.models.sim.throughput_sample_s = 0.0
+    costs = {r: RoleCosts(model=consts.models[r], tp=1, kv_capacity=int(consts.kv_capacity),
+                          shift_up_s=consts.shift_up_s[r], shift_down_s=consts.shift_down_s[r])
+             for r in INFERENCE_ROLES}
+    if steps > len(workload.batches):
+        raise ValueError(f"replay of {steps} steps needs {steps} recorded batches, the run has {len(workload.batches)}")
+    return SimSetup(cfg, costs, workload, int(steps), int(warmup), dict(consts.allocation))
+
+
+def replay(cfg: Any, consts: ReplayConstants, workload: ReplayWorkload, steps: int, warmup: int,
+           num_devices: int, tracker: Any = None) -> dict[str, Any]:
+    """Run the replay; returns the sim's summary (its `step_time_s` is the predicted step times)."""
+    return ReplayRuntime(replay_setup(cfg, consts, workload, steps, warmup, num_devices), consts, tracker).run()
