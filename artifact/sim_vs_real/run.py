@@ -7,7 +7,10 @@ constants from the folder (`pivotrl.sim.replay.constants_from_run`: the monitor'
 throughput fit per role, median training seconds per step, measured shift times), replays the same
 mode, devices, batch shape, staleness, planner settings and steps on the run's recorded per-step
 token totals, and writes:
-- `sim_vs_real.csv`: one row per (run, step): measured and predicted step seconds and the error;
+- `sim_vs_real.csv`: one row per (run, training-time variant, step): measured and predicted step
+  seconds and the error. Two variants per run: `median` (training time per step is one fitted
+  constant: a prediction) and `trace` (each batch's measured training seconds: isolates the error of
+  the inference, shift and control part);
 - `sim_vs_real_summary.csv`: per run, mean absolute % error over the measured steps (after warm-up),
   and measured vs predicted total time of those steps;
 - `sim_vs_real.png`: measured vs predicted step times per run;
@@ -22,6 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from artifact.common import ROOT, compose, item_parser, plt, read_csv, write_csv
+
+
+def VARIANTS(slowdown: float) -> list[tuple[str, str, float]]:
+    """(name, train_time, engine slowdown) of the replays run for every real run."""
+    return [("fitted_model", "median", 1.0), ("trace_train", "trace", 1.0), ("calibrated", "median", slowdown)]
 
 MODES = ("pivot", "colocated", "disaggregated", "rr_colocated")
 
@@ -44,38 +52,81 @@ def initial_allocation(rc: dict[str, Any], mode: str, n: int) -> dict:
     return default_allocation(mode, n)
 
 
-def replay_run(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
-    """Replay one real run; returns (per-step rows, summary row, constants)."""
-    from pivotrl.sim.replay import RunRecords, constants_from_run, replay
+def prepare(run_dir: Path, train_time: str = "median") -> tuple[Any, Any, Any, dict[str, Any]]:
+    """(records, fitted constants, composed sim config, run config) of one real run folder."""
+    from pivotrl.sim.replay import RunRecords, constants_from_run
 
     rec = RunRecords.load(run_dir)
     rc = run_config(run_dir)
     mode = rc["deploy"]["mode"]
     n = int(rec.summary["devices"])
     kv = int(rc["cluster"]["runtime"]["engine"]["kv_capacity_tokens"])
-    consts = constants_from_run(rec, kv, initial_allocation(rc, mode, n))
+    consts = constants_from_run(rec, kv, initial_allocation(rc, mode, n), train_time)
     over = ["cluster=sim", "models=tiny", f"deploy={mode}", f"seed={rc['seed']}",
             f"deploy.staleness={rc['deploy']['staleness']}", "logging.wandb_mode=disabled",
             "logging.progress=false", f"train.prompts_per_step={rec.P}", f"train.group_size={rec.G}"]
     over += [f"deploy.planner.{k}={v}" for k, v in rc["deploy"]["planner"].items() if v is not None]
-    cfg = compose(over)
+    return rec, consts, compose(over), rc
+
+
+def calibrate(run_dir: Path) -> float:
+    """The engine slowdown fitted on one run (see `pivotrl.sim.replay.fit_engine_slowdown`)."""
+    from pivotrl.sim.replay import fit_engine_slowdown
+
+    rec, consts, cfg, _ = prepare(run_dir)
+    return fit_engine_slowdown(cfg, consts, rec.workload(), rec)
+
+
+def replay_run(run_dir: Path, variant: str, train_time: str = "median", slowdown: float = 1.0,
+               ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """Replay one real run; returns (per-step rows, summary row, constants). `train_time`: see
+    `constants_from_run` ("median": a fitted constant; "trace": the measured seconds per batch);
+    `slowdown`: the engine slowdown (1 = the monitor's fitted iteration model as is)."""
+    import dataclasses
+
+    from pivotrl.sim.replay import replay
+
+    rec, consts, cfg, rc = prepare(run_dir, train_time)
+    consts = dataclasses.replace(consts, engine_slowdown=slowdown)
+    mode, n = rc["deploy"]["mode"], int(rec.summary["devices"])
     steps, warm = len(rec.steps), int(rec.summary["warmup_steps"])
     sim = replay(cfg, consts, rec.workload(), steps, warm, n)
     meas = [float(s["step_time_s"]) for s in rec.steps]
     pred = [float(x) for x in sim["step_time_s"]]
     rows = []
     for i, (m, p) in enumerate(zip(meas, pred)):
-        rows.append({"run": run_dir.name, "deploy": mode, "step": i + 1, "measured_s": m, "predicted_s": p,
-                     "error_pct": 100.0 * (p - m) / m if m > 0 else "", "warmup": i + 1 <= warm})
+        real, simr = rec.steps[i], sim["step_rows"][i]
+        rows.append({"run": run_dir.name, "deploy": mode, "variant": variant, "step": i + 1,
+                     "measured_s": m, "predicted_s": p,
+                     "error_pct": 100.0 * (p - m) / m if m > 0 else "", "warmup": i + 1 <= warm,
+                     # phase times of the step's batch (diagnostics: where the two clocks part)
+                     **{f"{k}_{src}": _phase(r, k) for k in PHASES for src, r in (("real", real), ("sim", simr))}})
     after = [r for r in rows if not r["warmup"] and r["error_pct"] != ""]
     mape = sum(abs(r["error_pct"]) for r in after) / len(after) if after else float("nan")
     tm, tp = sum(r["measured_s"] for r in after), sum(r["predicted_s"] for r in after)
-    summary = {"run": run_dir.name, "deploy": mode, "devices": n, "steps": steps, "warmup": warm,
+    summary = {"run": run_dir.name, "deploy": mode, "variant": variant, "train_time": train_time,
+               "engine_slowdown": slowdown, "devices": n, "steps": steps, "warmup": warm,
                "P": rec.P, "G": rec.G, "mape_pct": mape, "measured_total_s": tm, "predicted_total_s": tp,
                "total_error_pct": 100.0 * (tp - tm) / tm if tm > 0 else float("nan"),
                "measured_shifts": rec.summary.get("num_shifts"), "predicted_shifts": sim.get("num_shifts"),
                "per_sample_lengths": rec.per_sample}
     return rows, summary, {"run_dir": str(run_dir), **consts.as_dict()}
+
+
+PHASES = ("rollout_s", "reward_s", "train_s")
+
+
+def _phase(row: dict[str, Any], name: str) -> float | str:
+    """Seconds of one phase of a step's batch: rollout (release to last response), reward (to last
+    judgement), train (training call)."""
+    try:
+        if name == "rollout_s":
+            return float(row["rollout_done_at"]) - float(row["released_at"])
+        if name == "reward_s":
+            return float(row["reward_done_at"]) - float(row["rollout_done_at"])
+        return float(row["train_end"]) - float(row["train_start"])
+    except (KeyError, TypeError):
+        return ""
 
 
 def real_run(mode: str, out: Path, steps: int) -> Path:
@@ -95,9 +146,13 @@ def plot(csv_path: Path, png_path: Path) -> None:
     fig, axes = p.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.4), squeeze=False)
     for ax, run in zip(axes[0], runs):
         rr = [r for r in rows if r["run"] == run]
-        xs = [int(r["step"]) for r in rr]
-        ax.plot(xs, [float(r["measured_s"]) for r in rr], "o-", label="measured (real)")
-        ax.plot(xs, [float(r["predicted_s"]) for r in rr], "s--", label="predicted (sim)")
+        first = [r for r in rr if r["variant"] == rr[0]["variant"]]
+        xs = [int(r["step"]) for r in first]
+        ax.plot(xs, [float(r["measured_s"]) for r in first], "o-", label="measured (real)")
+        for v in dict.fromkeys(r["variant"] for r in rr):
+            sub = [r for r in rr if r["variant"] == v]
+            ax.plot([int(r["step"]) for r in sub], [float(r["predicted_s"]) for r in sub], "s--",
+                    label=f"sim: {v}")
         ax.set_title(f"{rr[0]['deploy']} ({run})", fontsize=9)
         ax.set_xlabel("step (1 = warm-up)")
         ax.set_ylabel("step time, s")
@@ -113,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = item_parser("sim_vs_real", __doc__)
     ap.add_argument("--run-dir", type=Path, action="append", default=[], help="a real run folder (repeatable)")
     ap.add_argument("--modes", default="pivot", help=f"modes to run for real when no --run-dir: from {MODES}")
+    ap.add_argument("--calibrate-on", type=Path, default=None,
+                    help="run folder to fit the engine slowdown on (default: the first run)")
     ap.add_argument("--steps", type=int, default=None, help="steps of those real runs (default 6, --quick 4)")
     a = ap.parse_args(argv)
     csv_path, png_path = a.out / "sim_vs_real.csv", a.out / "sim_vs_real.png"
@@ -125,12 +182,18 @@ def main(argv: list[str] | None = None) -> int:
                 ap.error(f"--modes: unknown {bad}; allowed: {list(MODES)}")
             dirs = [real_run(m, a.out, a.steps or (4 if a.quick else 6)) for m in modes]
         rows, sums, consts = [], [], []
+        cal_dir = a.calibrate_on or Path(dirs[0])
+        slow = calibrate(cal_dir)
+        print(f"[sim_vs_real] engine slowdown fitted on {cal_dir}: {slow:.2f}x the fitted iteration model", flush=True)
         for d in dirs:
-            r, s, c = replay_run(Path(d))
-            rows += r
-            sums.append(s)
-            consts.append(c)
-            print(f"[sim_vs_real] {s['deploy']} {s['run']}: MAPE {s['mape_pct']:.1f}% over steps "
+            for variant, tt, f in VARIANTS(slow):
+                r, s, c = replay_run(Path(d), variant, tt, f)
+                s["calibrated_on"] = str(cal_dir) if variant == "calibrated" else ""
+                s["in_sample"] = variant == "calibrated" and Path(d).resolve() == Path(cal_dir).resolve()
+                rows += r
+                sums.append(s)
+                consts.append({"variant": variant, **c})
+                print(f"[sim_vs_real] {s['deploy']} {s['run']} {variant}: MAPE {s['mape_pct']:.1f}% over steps "
                   f"{s['warmup'] + 1}..{s['steps']}; total measured {s['measured_total_s']:.1f}s "
                   f"predicted {s['predicted_total_s']:.1f}s ({s['total_error_pct']:+.1f}%)", flush=True)
         write_csv(rows, csv_path)

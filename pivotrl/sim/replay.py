@@ -8,7 +8,7 @@ Owns the glue of issue 5 item 6 ("sim against real"), built only from the simula
   gets that step's mean lengths, spread so the step's token totals match exactly.
 - `ReplayConstants` + `constants_from_run`: the simulator's constants fitted from a real run:
   per-role `ThroughputModel` (the last online fit the monitor logged, `throughput_fit` records),
-  training seconds per step (median of the measured `train_s`), shift-up/down seconds per role
+  training seconds per step (median of the measured train_start..train_end spans), shift-up/down seconds per role
   (mean of the measured warm `shift_timing` device records; the first load of a role on a device,
   `cold`, is kept separately and charged the first time the replay shifts that device up to that
   role), KV capacity per replica and the initial allocation from the run's config and records.
@@ -25,6 +25,7 @@ charged as 0 s), and engine start-up jitter.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import statistics
 from dataclasses import dataclass, field
@@ -158,6 +159,15 @@ class ReplayConstants:
     allocation: dict[Role, int]
     publish_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    engine_slowdown: float = 1.0
+    """Wall seconds per second of modelled decode/prefill on the real engines (>= 1): the share of
+    an engine's wall time spent outside its timed iterations (thread and GIL contention, polling,
+    shared cores). 1 = the fitted iteration model as is; `fit_engine_slowdown` fits it."""
+    train_s_by_batch: dict[int, float] = field(default_factory=dict)
+    """Measured training seconds per batch (`train_time="trace"`): replaces `train_s` where present."""
+
+    def train_time(self, batch: int) -> float:
+        return self.train_s_by_batch.get(int(batch), self.train_s)
 
     def as_dict(self) -> dict[str, Any]:
         return {"models": {r.value: {k: getattr(m, k) for k in ("A", "B", "C", "D", "P0", "P1", "P2")}
@@ -167,6 +177,8 @@ class ReplayConstants:
                 "shift_down_s": {r.value: v for r, v in self.shift_down_s.items()},
                 "cold_up_s": {r.value: v for r, v in self.cold_up_s.items()},
                 "train_s": self.train_s, "publish_s": self.publish_s,
+                "train_s_by_batch": {str(b): v for b, v in self.train_s_by_batch.items()},
+                "engine_slowdown": self.engine_slowdown,
                 "allocation": {r.value: v for r, v in self.allocation.items()}, "notes": self.notes}
 
 
@@ -174,9 +186,17 @@ def _model_from_fit(rec: dict[str, Any]) -> ThroughputModel:
     return ThroughputModel(A=rec["A"], B=rec["B"], C=rec["C"], D=rec["D"], P0=rec["P0"], P1=rec["P1"], P2=rec["P2"])
 
 
-def constants_from_run(rec: RunRecords, kv_capacity: int, allocation: dict[Role, int]) -> ReplayConstants:
+TRAIN_TIMES = ("median", "trace")
+
+
+def constants_from_run(rec: RunRecords, kv_capacity: int, allocation: dict[Role, int],
+                       train_time: str = "median") -> ReplayConstants:
     """Fit the replay's constants from a run's records (see the module docstring). `allocation` is
-    the initial allocation the run's controller got (the local runtime's default or `deploy.allocation`)."""
+    the initial allocation the run's controller got (the local runtime's default or `deploy.allocation`).
+    `train_time`: "median" = one fitted constant (a prediction); "trace" = each batch's measured
+    training seconds (isolates the error of the inference, shift and control part of the replay)."""
+    if train_time not in TRAIN_TIMES:
+        raise ValueError(f"train_time={train_time!r}; allowed: {list(TRAIN_TIMES)}")
     notes: list[str] = []
     fits = {r: [x for x in rec.timeline if x.get("kind") == "throughput_fit" and x.get("role") == r.value]
             for r in INFERENCE_ROLES}
@@ -206,14 +226,19 @@ def constants_from_run(rec: RunRecords, kv_capacity: int, allocation: dict[Role,
     up = {r: statistics.mean(warm.get((r, "up")) or cold.get(r) or [0.0]) for r in roles}
     down = {r: statistics.mean(warm.get((r, "down")) or [0.0]) for r in roles}
     cold_up = {r: statistics.mean(cold[r]) for r in cold}
-    trains = [float(s["train_s"]) for s in rec.steps if s.get("train_s") is not None]
+    # the training phase as the pipeline saw it (train_start..train_end: the trainer call plus
+    # checkpoint and publish), not the trainer's own `train_s`, which leaves those out
+    span = {int(s["batch"]): float(s["train_end"]) - float(s["train_start"]) for s in rec.steps
+            if s.get("train_end") is not None and s.get("train_start") is not None}
+    trains = list(span.values())
     if not trains:
-        raise ValueError(f"{rec.run_dir}: metrics.jsonl has no train_s: cannot fit the training time")
+        raise ValueError(f"{rec.run_dir}: metrics.jsonl has no train_start/train_end: cannot fit the training time")
     notes.append("weight refresh of rollout replicas is not timed in the records: charged 0 s")
     if not rec.per_sample:
         notes.append("per-sample lengths are not recorded: every sample of a step gets that step's mean lengths")
+    by_batch = dict(span) if train_time == "trace" else {}
     return ReplayConstants(models, kv_capacity, up, down, cold_up, statistics.median(trains),
-                           dict(allocation), 0.0, notes)
+                           dict(allocation), 0.0, notes, train_s_by_batch=by_batch)
 
 
 # ---------------------------------------------------------------------------------- the replay runtime
@@ -227,7 +252,7 @@ class ReplayRuntime(SimRuntime):
         self._warm: set[tuple[int, Role]] = set()  # (device, role) pairs that have loaded once
 
     def _start_training(self, act) -> None:
-        secs = self.consts.train_s
+        secs = self.consts.train_time(act.batch)
         self.stats.train_start(self.now, len(act.devices))
         self._push(self.now + secs, "train_done", (act.batch, act.version + 1, secs))
 
@@ -255,6 +280,27 @@ class ReplayRuntime(SimRuntime):
                 break
 
 
+def slowed(model: ThroughputModel, factor: float) -> ThroughputModel:
+    """`model` with every iteration and prefill time multiplied by `factor`."""
+    if not factor > 0:
+        raise ValueError(f"engine slowdown must be > 0, got {factor}")
+    return dataclasses.replace(model, **{k: getattr(model, k) * factor
+                                         for k in ("A", "B", "C", "D", "P0", "P1", "P2")})
+
+
+class ReplaySetup(SimSetup):
+    """`SimSetup` whose controller sees `control_models` (what the real run's planner had: the
+    monitor's fits) while the simulated engines run on `costs` (slowed to the real engines' pace)."""
+
+    control_models: dict[Role, ThroughputModel] = {}
+
+    def control_env(self):  # type: ignore[override]
+        env = super().control_env()
+        if self.control_models:
+            env.models = dict(self.control_models)
+        return env
+
+
 def replay_setup(cfg: Any, consts: ReplayConstants, workload: ReplayWorkload, steps: int,
                  warmup: int, num_devices: int) -> SimSetup:
     """A `SimSetup` for `cfg` (a composed `cluster=sim` config of the same mode) with the fitted
@@ -265,15 +311,60 @@ def replay_setup(cfg: Any, consts: ReplayConstants, workload: ReplayWorkload, st
     cfg.models.policy.train_shift_down_s = consts.shift_down_s[Role.TRAIN]
     cfg.models.sim.kv_reserve_tokens = 0
     cfg.models.sim.throughput_sample_s = 0.0
-    costs = {r: RoleCosts(model=consts.models[r], tp=1, kv_capacity=int(consts.kv_capacity),
+    costs = {r: RoleCosts(model=slowed(consts.models[r], consts.engine_slowdown), tp=1, kv_capacity=int(consts.kv_capacity),
                           shift_up_s=consts.shift_up_s[r], shift_down_s=consts.shift_down_s[r])
              for r in INFERENCE_ROLES}
     if steps > len(workload.batches):
         raise ValueError(f"replay of {steps} steps needs {steps} recorded batches, the run has {len(workload.batches)}")
-    return SimSetup(cfg, costs, workload, int(steps), int(warmup), dict(consts.allocation))
+    setup = ReplaySetup(cfg, costs, workload, int(steps), int(warmup), dict(consts.allocation))
+    setup.control_models = dict(consts.models)
+    return setup
 
 
 def replay(cfg: Any, consts: ReplayConstants, workload: ReplayWorkload, steps: int, warmup: int,
            num_devices: int, tracker: Any = None) -> dict[str, Any]:
-    """Run the replay; returns the sim's summary (its `step_time_s` is the predicted step times)."""
-    return ReplayRuntime(replay_setup(cfg, consts, workload, steps, warmup, num_devices), consts, tracker).run()
+    """Run the replay; returns the sim's summary (its `step_time_s` is the predicted step times)
+    plus `step_rows`, the sim's per-step records (phase times: rollout_done_at, reward_done_at, ...)."""
+    rt = ReplayRuntime(replay_setup(cfg, consts, workload, steps, warmup, num_devices), consts, tracker)
+    out = rt.run()
+    out["step_rows"] = list(rt.stats.rows)
+    return out
+
+
+def inference_phase_s(rows: list[dict[str, Any]], warmup: int) -> float:
+    """Sum over the measured steps (after `warmup`) of each batch's rollout + reward phase seconds
+    (release to last judgement): the part of a step the engines' pace sets."""
+    tot = 0.0
+    for r in rows:
+        if r["step"] > warmup and r.get("reward_done_at") is not None:
+            tot += float(r["reward_done_at"]) - float(r["released_at"])
+    return tot
+
+
+def fit_engine_slowdown(cfg: Any, consts: ReplayConstants, workload: ReplayWorkload, rec: RunRecords,
+                        lo: float = 1.0, hi: float = 64.0, iters: int = 12) -> float:
+    """The `engine_slowdown` at which the replay's inference phases (release to last judgement,
+    summed over the measured steps) take as long as the run's: bisection on a log scale (the
+    phase time grows with the slowdown). Clamped to [lo, hi]."""
+    import math
+
+    warm = int(rec.summary["warmup_steps"])
+    target = inference_phase_s(rec.steps, warm)
+    steps, n = len(rec.steps), int(rec.summary["devices"])
+
+    def phase(f: float) -> float:
+        c = dataclasses.replace(consts, engine_slowdown=f)
+        return inference_phase_s(replay(cfg, c, workload, steps, warm, n)["step_rows"], warm)
+
+    if phase(lo) >= target:
+        return lo
+    if phase(hi) <= target:
+        return hi
+    a, b = math.log(lo), math.log(hi)
+    for _ in range(iters):
+        m = (a + b) / 2
+        if phase(math.exp(m)) < target:
+            a = m
+        else:
+            b = m
+    return math.exp((a + b) / 2)
