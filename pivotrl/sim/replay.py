@@ -113,8 +113,6 @@ class RunRecords:
     timeline: list[dict[str, Any]]
     P: int
     G: int
-    per_sample: bool = False
-    """True if the run recorded per-sample lengths (no run does yet: see the module docstring)."""
 
     @classmethod
     def load(cls, run_dir: Path) -> "RunRecords":
@@ -142,7 +140,36 @@ class RunRecords:
             out.append({"prompt_tokens": r["policy_tokens"] - resp, "response_tokens": resp, "genrm_tokens": gen})
         return out
 
+    def sample_lengths(self) -> dict[int, dict[int, SampleLengths]]:
+        """Per-sample lengths from `sample_lengths` timeline records, batch -> sample id -> lengths.
+
+        The record this reads (one per batch, written when the batch is trained; no runtime writes
+        it yet): `{"kind": "sample_lengths", "batch": b, "samples": [[sample_id, prompt_tokens,
+        response_tokens, genrm_output_tokens], ...]}` over the batch's P*G trained samples."""
+        out: dict[int, dict[int, SampleLengths]] = {}
+        for x in self.timeline:
+            if x.get("kind") == "sample_lengths":
+                out[int(x["batch"])] = {int(sid): SampleLengths(int(p), int(r), int(g))
+                                        for sid, p, r, g in x["samples"]}
+        return out
+
+    @property
+    def per_sample(self) -> bool:
+        """True if every batch has its per-sample lengths recorded (no runtime records them yet)."""
+        per = self.sample_lengths()
+        return bool(per) and all(len(per.get(int(r["batch"]), {})) == self.P * self.G for r in self.steps)
+
     def workload(self) -> ReplayWorkload:
+        """Per-sample lengths where every batch has them, else per-step totals spread evenly."""
+        per = self.sample_lengths()
+        batches = sorted(int(r["batch"]) for r in self.steps)
+        n = self.P * self.G
+        if self.per_sample:
+            wl = []
+            for b in batches:
+                rows = [[per[b][b * n + p * self.G + i] for i in range(self.G)] for p in range(self.P)]
+                wl.append(rows)
+            return ReplayWorkload(wl)
         return ReplayWorkload.from_step_totals(self.step_totals(), self.P, self.G)
 
 
@@ -234,7 +261,9 @@ def constants_from_run(rec: RunRecords, kv_capacity: int, allocation: dict[Role,
     if not trains:
         raise ValueError(f"{rec.run_dir}: metrics.jsonl has no train_start/train_end: cannot fit the training time")
     notes.append("weight refresh of rollout replicas is not timed in the records: charged 0 s")
-    if not rec.per_sample:
+    if rec.per_sample:
+        notes.append("per-sample lengths replayed from the run's sample_lengths records")
+    else:
         notes.append("per-sample lengths are not recorded: every sample of a step gets that step's mean lengths")
     by_batch = dict(span) if train_time == "trace" else {}
     return ReplayConstants(models, kv_capacity, up, down, cold_up, statistics.median(trains),

@@ -163,3 +163,23 @@ def test_replay_charges_cold_loads_trace_training_and_slowdown(tmp_path):
         return sum(r["reward_done_at"] - r["released_at"] for r in s["step_rows"])
 
     assert phase(slow) > phase(base)
+
+
+def test_recorded_per_sample_lengths_are_replayed_when_every_batch_has_them(tmp_path):
+    d = _fake_run(tmp_path / "run", steps=2, P=2, G=2)
+    assert not RunRecords.load(d).per_sample
+    with (d / "timeline.jsonl").open("a") as f:
+        f.write(json.dumps({"kind": "sample_lengths", "batch": 0,
+                            "samples": [[s, 7 + s // 2, 3 + s, 11 + s] for s in range(4)]}) + "\n")
+    rec = RunRecords.load(d)
+    assert not rec.per_sample  # batch 1 has none: fall back to per-step totals
+    assert rec.workload().lengths(0).response == 10
+    with (d / "timeline.jsonl").open("a") as f:
+        f.write(json.dumps({"kind": "sample_lengths", "batch": 1,
+                            "samples": [[s, 5, 1 + s, 2] for s in range(4, 8)]}) + "\n")
+    rec = RunRecords.load(d)
+    assert rec.per_sample
+    wl = rec.workload()
+    assert wl.lengths(3) == SampleLengths(8, 6, 14)
+    assert wl.lengths(6) == SampleLengths(5, 3, 2)
+    assert any("replayed from the run's sample_lengths" in n for n in constants_from_run(rec, 4096, {}).notes)
