@@ -86,9 +86,10 @@ def replay_run(run_dir: Path, variant: str, train_time: str = "median", slowdown
     `slowdown`: the engine slowdown (1 = the monitor's fitted iteration model as is)."""
     import dataclasses
 
-    from pivotrl.sim.replay import replay
+    from pivotrl.sim.replay import engine_duty, replay
 
     rec, consts, cfg, rc = prepare(run_dir, train_time)
+    duty = engine_duty(rec, consts.models)
     consts = dataclasses.replace(consts, engine_slowdown=slowdown)
     mode, n = rc["deploy"]["mode"], int(rec.summary["devices"])
     steps, warm = len(rec.steps), int(rec.summary["warmup_steps"])
@@ -116,7 +117,8 @@ def replay_run(run_dir: Path, variant: str, train_time: str = "median", slowdown
                "P": rec.P, "G": rec.G, "mape_pct": mape, "mean_predictor_mape_pct": noise, "measured_total_s": tm, "predicted_total_s": tp,
                "total_error_pct": 100.0 * (tp - tm) / tm if tm > 0 else float("nan"),
                "measured_shifts": rec.summary.get("num_shifts"), "predicted_shifts": sim.get("num_shifts"),
-               "per_sample_lengths": rec.per_sample}
+               "per_sample_lengths": rec.per_sample,
+               **{f"engine_duty_{r.value}": v for r, v in duty.items()}}
     return rows, summary, {"run_dir": str(run_dir), **consts.as_dict()}
 
 

@@ -397,3 +397,21 @@ def fit_engine_slowdown(cfg: Any, consts: ReplayConstants, workload: ReplayWorkl
         else:
             b = m
     return math.exp((a + b) / 2)
+
+
+def engine_duty(rec: RunRecords, models: dict[Role, ThroughputModel]) -> dict[Role, float | None]:
+    """Measured tokens/s over modelled tokens/s per role, from the per-step `role_state` snapshots
+    (running sequences and KV tokens per replica, and the monitor's windowed tokens/s): how much of
+    the fitted iteration model's throughput the real engines delivered. None: no snapshot with work.
+    The window (10 s) can include idle or shifting time, so this is a lower bound on the duty."""
+    out: dict[Role, float | None] = {}
+    for r in INFERENCE_ROLES:
+        meas = model = 0.0
+        for s in rec.steps:
+            st = (s.get("role_state") or {}).get(r.value) or {}
+            reps, n = int(st.get("replicas") or 0), int(st.get("running") or 0)
+            if reps and n:
+                meas += float(st.get("throughput_tokens_per_s") or 0.0)
+                model += reps * models[r].throughput(max(1, n // reps), int(st.get("kv_tokens", 0)) // reps)
+        out[r] = meas / model if model > 0 else None
+    return out

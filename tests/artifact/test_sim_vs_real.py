@@ -183,3 +183,17 @@ def test_recorded_per_sample_lengths_are_replayed_when_every_batch_has_them(tmp_
     assert wl.lengths(3) == SampleLengths(8, 6, 14)
     assert wl.lengths(6) == SampleLengths(5, 7, 2)
     assert any("replayed from the run's sample_lengths" in n for n in constants_from_run(rec, 4096, {}).notes)
+
+
+def test_engine_duty_compares_measured_with_modelled_throughput(tmp_path):
+    from pivotrl.sim.replay import engine_duty
+
+    d = _fake_run(tmp_path / "run")
+    rec = RunRecords.load(d)
+    m = ThroughputModel(**FIT)
+    modelled = 2 * m.throughput(8, 200)
+    rec.steps[1]["role_state"] = {"rollout": {"replicas": 2, "running": 16, "kv_tokens": 400,
+                                              "throughput_tokens_per_s": modelled / 4}}
+    duty = engine_duty(rec, {Role.ROLLOUT: m, Role.REWARD: m})
+    assert duty[Role.ROLLOUT] == pytest.approx(0.25)
+    assert duty[Role.REWARD] is None
