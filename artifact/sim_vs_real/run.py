@@ -10,7 +10,9 @@ token totals, and writes:
 - `sim_vs_real.csv`: one row per (run, training-time variant, step): measured and predicted step
   seconds and the error. Two variants per run: `median` (training time per step is one fitted
   constant: a prediction) and `trace` (each batch's measured training seconds: isolates the error of
-  the inference, shift and control part);
+  the inference, shift and control part); `calibrated` (an engine slowdown fitted on one run,
+  `--calibrate-on`, so that its inference phases match; out of sample for the other runs) and
+  `calibrated_cores` (the same with the shared-cores contention model, `--cores`);
 - `sim_vs_real_summary.csv`: per run and variant, mean absolute % error (MAPE) over the measured
   steps (after warm-up), the MAPE of predicting every step by the mean measured step (the noise
   floor of the measurement: the steps do near-identical work), and measured vs predicted total
@@ -29,9 +31,10 @@ from typing import Any
 from artifact.common import ROOT, compose, item_parser, plt, read_csv, write_csv
 
 
-def VARIANTS(slowdown: float) -> list[tuple[str, str, float]]:
-    """(name, train_time, engine slowdown) of the replays run for every real run."""
-    return [("fitted_model", "median", 1.0), ("trace_train", "trace", 1.0), ("calibrated", "median", slowdown)]
+def VARIANTS(slowdown: float, slowdown_cores: float, cores: int) -> list[tuple[str, str, float, int | None]]:
+    """(name, train_time, engine slowdown, shared cores) of the replays run for every real run."""
+    return [("fitted_model", "median", 1.0, None), ("trace_train", "trace", 1.0, None),
+            ("calibrated", "median", slowdown, None), ("calibrated_cores", "median", slowdown_cores, cores)]
 
 MODES = ("pivot", "colocated", "disaggregated", "rr_colocated")
 
@@ -71,16 +74,19 @@ def prepare(run_dir: Path, train_time: str = "median") -> tuple[Any, Any, Any, d
     return rec, consts, compose(over), rc
 
 
-def calibrate(run_dir: Path) -> float:
-    """The engine slowdown fitted on one run (see `pivotrl.sim.replay.fit_engine_slowdown`)."""
+def calibrate(run_dir: Path, cores: int | None = None) -> float:
+    """The engine slowdown fitted on one run (see `pivotrl.sim.replay.fit_engine_slowdown`), with
+    the shared-cores contention model on (`cores`) or off (None)."""
+    import dataclasses
+
     from pivotrl.sim.replay import fit_engine_slowdown
 
     rec, consts, cfg, _ = prepare(run_dir)
-    return fit_engine_slowdown(cfg, consts, rec.workload(), rec)
+    return fit_engine_slowdown(cfg, dataclasses.replace(consts, cores=cores), rec.workload(), rec)
 
 
 def replay_run(run_dir: Path, variant: str, train_time: str = "median", slowdown: float = 1.0,
-               ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+               cores: int | None = None) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """Replay one real run; returns (per-step rows, summary row, constants). `train_time`: see
     `constants_from_run` ("median": a fitted constant; "trace": the measured seconds per batch);
     `slowdown`: the engine slowdown (1 = the monitor's fitted iteration model as is)."""
@@ -90,7 +96,7 @@ def replay_run(run_dir: Path, variant: str, train_time: str = "median", slowdown
 
     rec, consts, cfg, rc = prepare(run_dir, train_time)
     duty = engine_duty(rec, consts.models)
-    consts = dataclasses.replace(consts, engine_slowdown=slowdown)
+    consts = dataclasses.replace(consts, engine_slowdown=slowdown, cores=cores)
     mode, n = rc["deploy"]["mode"], int(rec.summary["devices"])
     steps, warm = len(rec.steps), int(rec.summary["warmup_steps"])
     sim = replay(cfg, consts, rec.workload(), steps, warm, n)
@@ -161,7 +167,7 @@ def plot(csv_path: Path, png_path: Path) -> None:
         for v in dict.fromkeys(r["variant"] for r in rr):
             sub = [r for r in rr if r["variant"] == v]
             ax.plot([int(r["step"]) for r in sub], [float(r["predicted_s"]) for r in sub], "s--",
-                    label=f"sim: {v}")
+                    label=f"sim: {v}", lw=1)
         ax.set_title(f"{rr[0]['deploy']} ({run})", fontsize=9)
         ax.set_xlabel("step (1 = warm-up)")
         ax.set_ylabel("step time, s")
@@ -179,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="pivot", help=f"modes to run for real when no --run-dir: from {MODES}")
     ap.add_argument("--calibrate-on", type=Path, default=None,
                     help="run folder to fit the engine slowdown on (default: the first run)")
+    ap.add_argument("--cores", type=int, default=2, help="cores the real run's devices shared (calibrated_cores)")
     ap.add_argument("--steps", type=int, default=None, help="steps of those real runs (default 6, --quick 4)")
     a = ap.parse_args(argv)
     csv_path, png_path = a.out / "sim_vs_real.csv", a.out / "sim_vs_real.png"
@@ -192,13 +199,15 @@ def main(argv: list[str] | None = None) -> int:
             dirs = [real_run(m, a.out, a.steps or (4 if a.quick else 6)) for m in modes]
         rows, sums, consts = [], [], []
         cal_dir = a.calibrate_on or Path(dirs[0])
-        slow = calibrate(cal_dir)
-        print(f"[sim_vs_real] engine slowdown fitted on {cal_dir}: {slow:.2f}x the fitted iteration model", flush=True)
+        slow, slow_c = calibrate(cal_dir), calibrate(cal_dir, a.cores)
+        print(f"[sim_vs_real] engine slowdown fitted on {cal_dir}: {slow:.2f}x the fitted iteration model; "
+              f"{slow_c:.2f}x with {a.cores} shared cores", flush=True)
         for d in dirs:
-            for variant, tt, f in VARIANTS(slow):
-                r, s, c = replay_run(Path(d), variant, tt, f)
-                s["calibrated_on"] = str(cal_dir) if variant == "calibrated" else ""
-                s["in_sample"] = variant == "calibrated" and Path(d).resolve() == Path(cal_dir).resolve()
+            for variant, tt, f, cores in VARIANTS(slow, slow_c, a.cores):
+                r, s, c = replay_run(Path(d), variant, tt, f, cores)
+                cal = variant.startswith("calibrated")
+                s["calibrated_on"] = str(cal_dir) if cal else ""
+                s["in_sample"] = cal and Path(d).resolve() == Path(cal_dir).resolve()
                 rows += r
                 sums.append(s)
                 consts.append({"variant": variant, **c})

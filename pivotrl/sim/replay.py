@@ -190,6 +190,10 @@ class ReplayConstants:
     """Wall seconds per second of modelled decode/prefill on the real engines (>= 1): the share of
     an engine's wall time spent outside its timed iterations (thread and GIL contention, polling,
     shared cores). 1 = the fitted iteration model as is; `fit_engine_slowdown` fits it."""
+    cores: int | None = None
+    """Shared-cores contention (None: off): with B devices busy at once (inference replicas with
+    work, training devices while training) on `cores` cores, every inference replica's iteration
+    and prefill times are multiplied by max(1, B / cores) from that moment on."""
     train_s_by_batch: dict[int, float] = field(default_factory=dict)
     """Measured training seconds per batch (`train_time="trace"`): replaces `train_s` where present."""
 
@@ -205,7 +209,7 @@ class ReplayConstants:
                 "cold_up_s": {r.value: v for r, v in self.cold_up_s.items()},
                 "train_s": self.train_s, "publish_s": self.publish_s,
                 "train_s_by_batch": {str(b): v for b, v in self.train_s_by_batch.items()},
-                "engine_slowdown": self.engine_slowdown,
+                "engine_slowdown": self.engine_slowdown, "cores": self.cores,
                 "allocation": {r.value: v for r, v in self.allocation.items()}, "notes": self.notes}
 
 
@@ -280,8 +284,35 @@ class ReplayRuntime(SimRuntime):
         self.publish_s = consts.publish_s
         self._warm: set[tuple[int, Role]] = set()  # (device, role) pairs that have loaded once
 
+    # -- shared-cores contention (ReplayConstants.cores) ----------------------------------------
+    _train_devices = 0
+
+    def _handle(self, ev) -> None:
+        from pivotrl.deploy.events import TrainingDone
+
+        if isinstance(ev, TrainingDone):
+            self._train_devices = 0
+        super()._handle(ev)
+        if self.consts.cores:
+            self._contend()
+
+    def _contend(self) -> None:
+        busy = self._train_devices + sum(
+            rep.tp for rep in self.replicas.values() if rep.n or rep.stall_until > self.now)
+        f = max(1.0, busy / float(self.consts.cores))
+        for rid, rep in self.replicas.items():
+            if getattr(rep, "_replay_factor", 1.0) == f:  # new replicas start at factor 1
+                continue
+            rep._replay_factor = f
+            rep.advance(self.now)
+            rep.model = slowed(self.s.costs[self.role_of[rid]].model, f)
+            rep._c_n = -1  # the replica caches max(B, C*N) + D per N: its model changed
+            rep.epoch += 1
+            self._reschedule(rid)
+
     def _start_training(self, act) -> None:
         secs = self.consts.train_time(act.batch)
+        self._train_devices = len(act.devices)
         self.stats.train_start(self.now, len(act.devices))
         self._push(self.now + secs, "train_done", (act.batch, act.version + 1, secs))
 

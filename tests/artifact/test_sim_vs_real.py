@@ -62,7 +62,7 @@ def test_slowed_scales_every_time():
 
 
 # ------------------------------------------------------------------------------ a small run folder
-def _fake_run(d, mode="disaggregated", steps=3, P=2, G=2):
+def _fake_run(d, mode="disaggregated", steps=3, P=2, G=2, response=10.0):
     d.mkdir(parents=True)
     (d / "config.yaml").write_text(yaml.safe_dump({
         "deploy": {"mode": mode, "staleness": 1, "allocation": {"rollout": None, "reward": None, "train": None},
@@ -72,8 +72,8 @@ def _fake_run(d, mode="disaggregated", steps=3, P=2, G=2):
     rows, t = [], 0.0
     for s in range(steps):
         rel, t = t, t + 2.0
-        rows.append({"step": s + 1, "batch": s, "step_time_s": 2.0, "samples": n, "policy_tokens": 30 * n,
-                     "response_tokens_mean": 10.0, "genrm_tokens_mean": 20.0, "released_at": rel,
+        rows.append({"step": s + 1, "batch": s, "step_time_s": 2.0, "samples": n, "policy_tokens": int(20 + response) * n,
+                     "response_tokens_mean": response, "genrm_tokens_mean": 20.0, "released_at": rel,
                      "rollout_done_at": rel + 0.5, "reward_done_at": rel + 1.0, "train_start": rel + 1.0,
                      "train_end": t, "train_s": 0.9})
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -117,8 +117,8 @@ def test_replay_csv_and_png_on_a_small_run(tmp_path):
     assert svr.main(["--run-dir", str(d), "--out", str(out)]) == 0
     with (out / "sim_vs_real.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert {r["variant"] for r in rows} == {"fitted_model", "trace_train", "calibrated"}
-    assert len(rows) == 3 * 3  # 3 variants x 3 steps
+    assert {r["variant"] for r in rows} == {"fitted_model", "trace_train", "calibrated", "calibrated_cores"}
+    assert len(rows) == 4 * 3  # 4 variants x 3 steps
     for r in rows:
         assert float(r["predicted_s"]) > 0 and float(r["measured_s"]) == 2.0
     with (out / "sim_vs_real_summary.csv").open() as f:
@@ -197,3 +197,22 @@ def test_engine_duty_compares_measured_with_modelled_throughput(tmp_path):
     duty = engine_duty(rec, {Role.ROLLOUT: m, Role.REWARD: m})
     assert duty[Role.ROLLOUT] == pytest.approx(0.25)
     assert duty[Role.REWARD] is None
+
+
+def test_shared_cores_contention_slows_inference(tmp_path):
+    import dataclasses
+
+    from artifact.sim_vs_real.run import prepare
+    from pivotrl.sim.replay import replay
+
+    rec, consts, cfg, _ = prepare(_fake_run(tmp_path / "run", P=4, G=4, response=400.0))
+    wl = rec.workload()
+
+    def rollout(c):  # batch 0's rollout phase: 2 rollout replicas decoding 400 tokens each
+        r = replay(cfg, c, wl, 3, 1, 4)["step_rows"][0]
+        return r["rollout_done_at"] - r["released_at"]
+
+    free = rollout(consts)
+    assert rollout(dataclasses.replace(consts, cores=64)) == pytest.approx(free)  # never more busy than cores
+    # 2 busy rollout replicas on 1 core: decode takes twice as long (the 3 s cold load does not)
+    assert rollout(dataclasses.replace(consts, cores=1)) > free * 1.25
