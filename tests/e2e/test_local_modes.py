@@ -39,6 +39,9 @@ def test_mode_trains_two_steps(ray_session, tiny_assets, tmp_path, mode):
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["tokens"] > 0 and r["samples"] == P * G for r in rows)
+    # behaviour log-probs reached every batch: the first step is on-policy, so its ratio is 1
+    assert summary["batches_without_behaviour_logprobs"] == 0
+    assert rows[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-3)
     timings = [r for r in _timeline(tmp_path) if r["kind"] == "shift_timing"]
     assert timings and all(t["up_s"] >= 0 and t["down_s"] >= 0 for t in timings)
     assert any(d["direction"] == "up" and d["role"] == "rollout" for t in timings for d in t["devices"])
@@ -85,6 +88,7 @@ def test_killed_device_loses_no_sample(ray_session, tiny_assets, tmp_path):
     assert lost, "the killed device held sequences"
     assert any(n > 0 for n in deaths[0]["tokens_kept"].values()), "their reported tokens were kept"
     assert summary["resumes"] >= 1, "kept tokens were resubmitted (resume by re-prefill)"
+    assert summary["batches_without_behaviour_logprobs"] == 0, "the kept tokens kept their log-probs"
 
 
 @pytest.mark.slow
