@@ -24,8 +24,10 @@ class RuntimeConfig:
     engine: EngineConfig = field(default_factory=_engine)
     """Every inference replica's engine (rollout and reward); `name=cpu` on `local`."""
     lr: float = 5e-4
-    """Policy learning rate of the GRPO trainer (AdamW, constant); the synchronous proof loop's
-    value on the same tiny models (`SyncLoopConfig.lr`)."""
+    """Policy learning rate of the GRPO trainer (AdamW, constant, one optimizer step per batch).
+    Measured on the default run (tiny, 6 steps of 64x8, behaviour log-probs on): 1e-3 collapses
+    the policy within a few steps (train accuracy to ~0.1, with or without the GenRM reward);
+    5e-4 is stable but moves little in 6 updates."""
     micro_batch_size: int = 64
     """Trainer micro-batch (sequences per forward/backward on one rank)."""
     reward: RewardConfig = field(default_factory=RewardConfig)
