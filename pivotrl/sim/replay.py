@@ -14,7 +14,13 @@ Owns the glue of issue 5 item 6 ("sim against real"), built only from the simula
   role), KV capacity per replica and the initial allocation from the run's config and records.
 - `ReplayRuntime`: `SimRuntime` with training and shift times taken from `ReplayConstants` instead
   of the MFU and bandwidth models; everything else (controllers, schedulers, planner, decode clock)
-  is the simulator's own code.
+  is the simulator's own code. Two optional machine corrections: `engine_slowdown` (wall seconds
+  per modelled second of the engines; `fit_engine_slowdown` fits it on one run), and `cores`
+  (shared-cores contention: with B devices busy on C cores, inference runs max(1, B/C) slower).
+  The controller always sees the unslowed fitted models, as the real run's planner did.
+- `engine_duty`: measured over modelled throughput per role from the run's `role_state` snapshots.
+- Per-sample lengths: read from `sample_lengths` timeline records when a run writes them
+  (`RunRecords.sample_lengths` documents the record); no runtime writes them yet.
 
 What the replay cannot see: per-sample lengths (the run folder records per-step totals only: the
 long tail of a step's responses, which sets when rollout ends, is averaged away), contention
