@@ -148,6 +148,23 @@ def plot(csv_path: Path, png_path: Path) -> None:
     groups = list(dict.fromkeys(r["models"] for r in rows))
     dflt = {p[0]: p[1] for p in PARAMS}
     p = plt()
+    if not params:  # only the default point and corners (`--params corner`): one bar chart
+        fig, ax = p.subplots(figsize=(1.8 * len(rows) + 3, 3.6))
+        w = 0.8 / len(MODES)
+        for i, m in enumerate(MODES):
+            ax.bar([j + i * w for j in range(len(rows))], [float(r[f"{m}_tokens_per_s"]) / 1e3 for r in rows], w,
+                   label=m)
+        for j, r in enumerate(rows):
+            ax.text(j + (len(MODES) - 1) * w, float(r["pivot_tokens_per_s"]) / 1e3, f"x{float(r['pivot_over_disaggregated']):.2f} disagg",
+                    ha="center", va="bottom", fontsize=7)
+        ax.set_xticks([j + 0.4 - w / 2 for j in range(len(rows))],
+                      [f"{r['models']}\n{r['parameter']}" for r in rows], fontsize=7)
+        ax.set_ylabel("throughput (K tokens/s)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(png_path, dpi=120)
+        print(f"wrote {png_path}")
+        return
     fig, axes = p.subplots(2, max(len(params), 1), figsize=(3.2 * max(len(params), 1) + 0.6, 6.2),
                            squeeze=False)
     colors = {"colocated": "#888", "disaggregated": "#37c", "pivot": "#d52"}
