@@ -82,3 +82,14 @@ def plt():
     import matplotlib.pyplot as pyplot
 
     return pyplot
+
+
+def item_main(item: str, doc: str, collect, plot, argv=None) -> int:
+    """The usual item entry: `collect(out, quick) -> rows` into `<item>.csv` (unless
+    --plot-only), then `plot(csv, png)`."""
+    args = item_parser(item, doc).parse_args(argv)
+    csv_path = args.out / f"{item}.csv"
+    if not args.plot_only:
+        write_csv(collect(args.out, args.quick), csv_path)
+    plot(csv_path, args.out / f"{item}.png")
+    return 0

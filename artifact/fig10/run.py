@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from artifact.common import item_parser, plt, read_csv, read_jsonl, run_one, write_csv
+from artifact.common import item_main, plt, read_csv, read_jsonl, run_one
 
 MODES = ["disaggregated", "pivot"]
 QUICK = ["experiment=quick", "models.sim.prompts_per_step=16", "models.sim.group_size=4",
@@ -125,12 +125,7 @@ def plot(csv_path: Path, png_path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    args = item_parser("fig10", __doc__).parse_args(argv)
-    csv_path = args.out / "fig10.csv"
-    if not args.plot_only:
-        write_csv(collect(args.out, args.quick), csv_path)
-    plot(csv_path, args.out / "fig10.png")
-    return 0
+    return item_main("fig10", __doc__, collect, plot, argv)
 
 
 if __name__ == "__main__":

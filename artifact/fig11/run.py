@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from artifact.common import item_parser, plt, read_csv, run_one, write_csv
+from artifact.common import item_main, plt, read_csv, run_one
 
 VARIANTS = [  # (label, overrides)
     ("static", ["deploy.planner.strategy=static"]),
@@ -49,12 +49,7 @@ def plot(csv_path, png_path) -> None:
 
 
 def main(argv=None) -> int:
-    args = item_parser("fig11", __doc__).parse_args(argv)
-    csv_path = args.out / "fig11.csv"
-    if not args.plot_only:
-        write_csv(collect(args.out, args.quick), csv_path)
-    plot(csv_path, args.out / "fig11.png")
-    return 0
+    return item_main("fig11", __doc__, collect, plot, argv)
 
 
 if __name__ == "__main__":

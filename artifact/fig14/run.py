@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from artifact.common import item_parser, plt, read_csv, run_one, write_csv
+from artifact.common import item_main, plt, read_csv, run_one
 
 HORIZONS = [0.01, 5, 30, 60, 90, 120, 600]
 
@@ -40,12 +40,7 @@ def plot(csv_path, png_path) -> None:
 
 
 def main(argv=None) -> int:
-    args = item_parser("fig14", __doc__).parse_args(argv)
-    csv_path = args.out / "fig14.csv"
-    if not args.plot_only:
-        write_csv(collect(args.out, args.quick), csv_path)
-    plot(csv_path, args.out / "fig14.png")
-    return 0
+    return item_main("fig14", __doc__, collect, plot, argv)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from artifact.common import MODEL_GROUPS, MODES, item_parser, plt, read_csv, run_one, write_csv
+from artifact.common import MODEL_GROUPS, MODES, item_main, plt, read_csv, run_one
 
 
 def collect(out, quick: bool) -> list[dict]:
@@ -54,12 +54,7 @@ def plot(csv_path, png_path) -> None:
 
 
 def main(argv=None) -> int:
-    args = item_parser("fig9", __doc__).parse_args(argv)
-    csv_path = args.out / "fig9.csv"
-    if not args.plot_only:
-        write_csv(collect(args.out, args.quick), csv_path)
-    plot(csv_path, args.out / "fig9.png")
-    return 0
+    return item_main("fig9", __doc__, collect, plot, argv)
 
 
 if __name__ == "__main__":

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import sys
 
-from artifact.common import item_parser, plt, read_csv, write_csv
+from artifact.common import item_main, plt, read_csv
 
 STEPS = ("role", "pairs", "dp", "evaluate", "select")
 DEVICES = [16, 32, 64, 128, 256, 512, 1024]
 
 
-def collect(quick: bool) -> list[dict]:
+def collect(out, quick: bool) -> list[dict]:
     from pivotrl.bench.planner import planner_breakdown
 
     devices = [16, 32, 64] if quick else DEVICES
@@ -50,12 +50,7 @@ def plot(csv_path, png_path) -> None:
 
 
 def main(argv=None) -> int:
-    args = item_parser("table2", __doc__).parse_args(argv)
-    csv_path = args.out / "table2.csv"
-    if not args.plot_only:
-        write_csv(collect(args.quick), csv_path)
-    plot(csv_path, args.out / "table2.png")
-    return 0
+    return item_main("table2", __doc__, collect, plot, argv)
 
 
 if __name__ == "__main__":
