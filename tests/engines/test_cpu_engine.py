@@ -235,6 +235,7 @@ def test_abort_from_another_thread_while_driver_steps(engine, prompts):
         while not stop.is_set():
             for c in engine.step():
                 done[c.seq_id] = c
+            time.sleep(0.0005)  # like the device actor's loop: let other threads in between steps
 
     for r in _reqs(prompts, sp):
         engine.submit(r)
