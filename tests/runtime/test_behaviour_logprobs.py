@@ -57,40 +57,45 @@ def test_device_poll_and_abort_carry_logprobs_into_train_batch(setup, tiny_asset
     from pivotrl.runtime.device import DeviceWorker
     from pivotrl.runtime.roles import RoleSpec
 
-    dev = DeviceWorker(0, threads=1)
-    try:
-        dev.shift_up(RoleSpec(Role.ROLLOUT, "policy", str(tiny_assets["policy"]),
-                              engine=EngineConfig(name="cpu", num_threads=1)))
-        n = setup.P * setup.G
-        tokens: dict[int, list[int]] = {}
-        responses, logprobs, versions = {}, {}, {}
-        dev.submit([setup.request(Role.ROLLOUT, sid, [], None) for sid in range(n)])
-        deadline = time.monotonic() + 60
-        aborted_once = False
-        while len(responses) < n and time.monotonic() < deadline:
-            res = dev.poll(0.05)
-            for sid, delta in res.progress.items():
-                assert isinstance(delta, TokensSoFar) and len(delta.logprobs) == len(delta)
-                tokens[sid] = join_tokens(tokens.get(sid), delta)
-            for c in res.completions:
-                responses[c.seq_id], logprobs[c.seq_id], versions[c.seq_id] = c.token_ids, c.logprobs, c.version
-            live = [sid for sid in tokens if sid not in responses and len(tokens[sid]) >= 1]
-            if not aborted_once and live:
-                out = dev.abort(live)
-                for c in out.finished:
+    # The device steps on its own thread: on an overloaded machine every sequence can finish before
+    # the first poll shows one in flight. Retry on a fresh device rather than flake.
+    for _attempt in range(3):
+        dev = DeviceWorker(0, threads=1)
+        try:
+            dev.shift_up(RoleSpec(Role.ROLLOUT, "policy", str(tiny_assets["policy"]),
+                                  engine=EngineConfig(name="cpu", num_threads=1)))
+            n = setup.P * setup.G
+            tokens: dict[int, list[int]] = {}
+            responses, logprobs, versions = {}, {}, {}
+            dev.submit([setup.request(Role.ROLLOUT, sid, [], None) for sid in range(n)])
+            deadline = time.monotonic() + 60
+            aborted_once = False
+            while len(responses) < n and time.monotonic() < deadline:
+                res = dev.poll(0.05)
+                for sid, delta in res.progress.items():
+                    assert isinstance(delta, TokensSoFar) and len(delta.logprobs) == len(delta)
+                    tokens[sid] = join_tokens(tokens.get(sid), delta)
+                for c in res.completions:
                     responses[c.seq_id], logprobs[c.seq_id], versions[c.seq_id] = c.token_ids, c.logprobs, c.version
-                for sid, toks in out.aborted.items():
-                    assert toks.logprobs is not None and len(toks.logprobs) == len(toks)
-                    assert toks[:len(tokens[sid])] == tokens[sid]
-                    tokens[sid] = TokensSoFar(toks, logprobs_of(toks))
-                reqs = [setup.request(Role.ROLLOUT, sid, tokens[sid], None) for sid in out.aborted]
-                assert all(r.generated_logprobs == tokens[r.seq_id].logprobs for r in reqs)
-                dev.submit(reqs)
-                aborted_once = bool(out.aborted)
-        assert aborted_once, "no sequence was in flight long enough to abort"
-        assert sorted(responses) == list(range(n))
-    finally:
-        dev.close()
+                live = [sid for sid in tokens if sid not in responses and len(tokens[sid]) >= 1]
+                if not aborted_once and live:
+                    out = dev.abort(live)
+                    for c in out.finished:
+                        responses[c.seq_id], logprobs[c.seq_id], versions[c.seq_id] = c.token_ids, c.logprobs, c.version
+                    for sid, toks in out.aborted.items():
+                        assert toks.logprobs is not None and len(toks.logprobs) == len(toks)
+                        assert toks[:len(tokens[sid])] == tokens[sid]
+                        tokens[sid] = TokensSoFar(toks, logprobs_of(toks))
+                    reqs = [setup.request(Role.ROLLOUT, sid, tokens[sid], None) for sid in out.aborted]
+                    assert all(r.generated_logprobs == tokens[r.seq_id].logprobs for r in reqs)
+                    dev.submit(reqs)
+                    aborted_once = bool(out.aborted)
+            assert sorted(responses) == list(range(n))
+        finally:
+            dev.close()
+        if aborted_once:
+            break
+    assert aborted_once, "no sequence was in flight long enough to abort (3 attempts)"
 
     ids = list(range(n))
     batch = setup.train_batch(ids, {s: float(s % 2) for s in ids}, responses, versions, logprobs)
