@@ -27,12 +27,12 @@ def setup(tiny_assets, tmp_path):
     from pivotrl.rl.data import load_examples
     from pivotrl.runtime.local_setup import LocalPrompts, LocalSetup
 
-    cfg = make_local_cfg(tiny_assets, "pivot", rollout_temperature=TEMP, max_response_tokens=48)
+    cfg = make_local_cfg(tiny_assets, "pivot", rollout_temperature=TEMP, max_response_tokens=160)
     s = LocalSetup(cfg, cfg.cluster.runtime, tmp_path)
     from pivotrl.models.tokenizer import load_tokenizer
 
     s.tok = load_tokenizer(tiny_assets["policy"])
-    s.max_response = 48  # long enough that sequences are still in flight at the first polls
+    s.max_response = 160  # long enough that sequences are still in flight at the first polls
     s.train_examples = load_examples(tiny_assets["train"])
     s.prompt_ids = [s._encode(e.prompt) for e in s.train_examples]
     s.source = LocalPrompts(s.prompt_ids, s.P)
@@ -71,7 +71,7 @@ def test_device_poll_and_abort_carry_logprobs_into_train_batch(setup, tiny_asset
             deadline = time.monotonic() + 60
             aborted_once = False
             while len(responses) < n and time.monotonic() < deadline:
-                res = dev.poll(0.05)
+                res = dev.poll(0.002)  # short: on a quiet machine a whole batch can finish within a 50 ms poll
                 for sid, delta in res.progress.items():
                     assert isinstance(delta, TokensSoFar) and len(delta.logprobs) == len(delta)
                     tokens[sid] = join_tokens(tokens.get(sid), delta)
