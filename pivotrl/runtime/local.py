@@ -473,17 +473,19 @@ class LocalRuntime:
         }
 
 
-def run_local(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
-    """`cluster=local` entry (pivotrl.run's registry). Ray and the devices are always torn down."""
+def run_real(cfg: Any, run_dir: Path, tracker: Any, accelerator: str = "cpu") -> dict[str, Any]:
+    """Validate, run the RL loop on real devices, validate again; always tear down. Shared by
+    `cluster=local` (CPU virtual devices) and `cluster=ray` (GPUs)."""
     from pivotrl.runtime.local_setup import print_summary_table
 
-    rt = cfg.cluster.runtime
-    setup = LocalSetup(cfg, rt, Path(run_dir))
+    setup = LocalSetup(cfg, cfg.cluster.runtime, Path(run_dir), accelerator=accelerator)
     try:
         setup.start()
         before = setup.val_accuracy(None)
         summary = {"val_accuracy_before": before["sampled"], "val_accuracy_greedy_before": before["greedy"]}
         summary.update(LocalRuntime(setup, tracker).run())
+        if accelerator == "cuda":
+            summary["cluster"] = "ray"
         after = setup.val_accuracy("policy")
         summary.update(val_accuracy_after=after["sampled"], val_accuracy_greedy_after=after["greedy"])
         summary["bootstrap"] = setup.bootstrap_info
@@ -492,3 +494,8 @@ def run_local(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
         return summary
     finally:
         setup.close()
+
+
+def run_local(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
+    """`cluster=local` entry (pivotrl.run's registry). Ray and the devices are always torn down."""
+    return run_real(cfg, run_dir, tracker, accelerator="cpu")

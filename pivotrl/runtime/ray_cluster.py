@@ -20,22 +20,6 @@ from typing import Any
 
 def run_ray(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
     """`cluster=ray` entry (pivotrl.run's registry). Ray connections and devices are always released."""
-    from pivotrl.runtime.local import LocalRuntime
-    from pivotrl.runtime.local_setup import LocalSetup, print_summary_table
+    from pivotrl.runtime.local import run_real
 
-    rt = cfg.cluster.runtime
-    setup = LocalSetup(cfg, rt, Path(run_dir), accelerator="cuda")
-    try:
-        setup.start()
-        before = setup.val_accuracy(None)
-        summary = {"val_accuracy_before": before["sampled"], "val_accuracy_greedy_before": before["greedy"]}
-        summary.update(LocalRuntime(setup, tracker).run())
-        summary["cluster"] = "ray"
-        after = setup.val_accuracy("policy")
-        summary.update(val_accuracy_after=after["sampled"], val_accuracy_greedy_after=after["greedy"])
-        summary["bootstrap"] = setup.bootstrap_info
-        if setup.progress:
-            print_summary_table(summary)
-        return summary
-    finally:
-        setup.close()
+    return run_real(cfg, run_dir, tracker, accelerator="cuda")
