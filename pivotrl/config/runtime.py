@@ -30,6 +30,10 @@ class RuntimeConfig:
     5e-4 is stable but moves little in 6 updates."""
     micro_batch_size: int = 64
     """Trainer micro-batch (sequences per forward/backward on one rank)."""
+    ppo_mini_batches: int = 1
+    """Optimizer steps per RL step (the batch is shuffled and cut into this many mini-batches)."""
+    ppo_epochs: int = 1
+    """Passes over the mini-batches per RL step."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """R = w_v * R_verifiable + w_g * R_genrm and the GenRM output parser."""
     gps: GPSConfig = field(default_factory=GPSConfig)
@@ -62,6 +66,9 @@ class RuntimeConfig:
                 raise ValueError(f"runtime.{name} must be > 0, got {getattr(self, name)}")
         if self.tau_shift_prior_s < 0:
             raise ValueError(f"runtime.tau_shift_prior_s must be >= 0, got {self.tau_shift_prior_s}")
+        for name in ("ppo_mini_batches", "ppo_epochs"):
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
+                raise ValueError(f"runtime.{name} must be an int >= 1, got {getattr(self, name)!r}")
         if self.val_size < 1 or self.micro_batch_size < 1 or self.eval_samples < 1:
             raise ValueError(f"runtime.val_size, micro_batch_size and eval_samples must be >= 1, got "
                              f"{self.val_size}, {self.micro_batch_size}, {self.eval_samples}")

@@ -40,6 +40,14 @@ class TrainerConfig:
     """Sequences per forward/backward on one rank. Gradients accumulate over micro-batches, so it
     trades memory for speed and never changes the result (up to float rounding)."""
 
+    ppo_mini_batches: int = 1
+    """Optimizer steps per batch: the fresh samples are shuffled and cut into this many
+    mini-batches, one AdamW step each (verl's ppo_mini_batch_size, as a count). The policy version
+    still moves by one per batch. With more than one, the ratio's denominator is the behaviour
+    policy's log-probs (the batch's `old_log_probs`, else recomputed before the first step)."""
+    ppo_epochs: int = 1
+    """Passes over the mini-batches per batch (PPO epochs). >= 1."""
+
     # --- objective -----------------------------------------------------------------------------
     advantage_estimator: str = "grpo"
     """Registry key in `pivotrl.rl.advantages` used when a batch carries rewards, not advantages."""
@@ -110,6 +118,9 @@ class TrainerConfig:
             bad("grad_clip", ">= 0 (0 disables)")
         if not (isinstance(self.micro_batch_size, int) and self.micro_batch_size >= 1):
             bad("micro_batch_size", "an int >= 1")
+        for name in ("ppo_mini_batches", "ppo_epochs"):
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
+                bad(name, "an int >= 1")
         if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
             bad("advantage_estimator", str(sorted(ADVANTAGE_ESTIMATORS)))
         if not self.adv_eps > 0:

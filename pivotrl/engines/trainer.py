@@ -58,6 +58,7 @@ import re
 import shutil
 import tempfile
 import traceback
+import dataclasses
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -95,7 +96,9 @@ class TrainBatch:
       When None, the current policy's own log-probs are used, detached: with one optimizer step
       per batch that is exactly verl's "recompute old log-probs before the update", so the ratio
       is 1 and PPO-clip reduces to the policy gradient. Pass them for stale samples if the
-      importance ratio should correct for staleness.
+      importance ratio should correct for staleness. With several mini-batches or epochs per
+      batch (`TrainerConfig.ppo_mini_batches`, `ppo_epochs`), None means "recompute once before
+      the first optimizer step".
     """
 
     prompt_ids: list[list[int]]
@@ -108,6 +111,10 @@ class TrainBatch:
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
+
+    def with_old_log_probs(self, old_log_probs: list[list[float]]) -> "TrainBatch":
+        """A copy of this batch carrying `old_log_probs`."""
+        return dataclasses.replace(self, old_log_probs=old_log_probs)
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError naming the field that is missing, ragged or malformed (and, given

@@ -211,19 +211,99 @@ class TrainerWorker:
             return {**metrics, "trained": 0.0, "samples_trained": 0.0, "version": float(self.version)}
 
         n_tok = sum(len(batch.response_ids[i]) for i in fresh)
-        n_seq = sum(1 for i in fresh if len(batch.response_ids[i]) > 0)
-        denom = float(n_tok if cfg.loss_agg_mode == "token-mean" else n_seq)
-        if denom == 0:
+        if n_tok == 0:
             raise ValueError("every fresh sample in TrainBatch.response_ids is empty: nothing to train on")
         lengths = np.asarray([len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)])
-        micro = self._micro_batches(fresh, lengths)
-        self.optimizer.zero_grad(set_to_none=True)  # a step that raised half-way left gradients
+        minis = self._mini_batches(fresh)
+        if batch.old_log_probs is None and len(minis) * cfg.ppo_epochs > 1:
+            # Several updates per batch: the ratio's denominator must be the policy before the
+            # first of them, not the one each update starts from.
+            batch = batch.with_old_log_probs(self._all_log_probs(batch))
         # loss, pg_loss, kl, then token-weighted clipfrac, approx_kl, ratio and entropy sums
+        totals = torch.zeros(7, dtype=torch.float64)
+        grad_norms: list[float] = []
+        n_micro = 0
+        for _ in range(cfg.ppo_epochs):
+            for mini in minis:
+                reduced, grad_norm, k = self._update(batch, mini, adv, lengths)
+                totals += reduced
+                grad_norms.append(grad_norm)
+                n_micro += k
+        n_updates = sum(math.isfinite(g) for g in grad_norms)
+        stepped = n_updates > 0
+        if stepped:
+            self.version += 1
+            self.counters["steps"] += 1
+            self.counters["samples_trained"] += len(fresh)
+            self.counters["tokens_trained"] += n_tok
+        tok_seen = n_tok * cfg.ppo_epochs  # each token counted once per epoch in the sums
+        metrics.update({
+            "trained": float(stepped),
+            "optimizer_steps": float(n_updates),
+            "loss": float(totals[0]) / len(grad_norms),
+            "pg_loss": float(totals[1]) / len(grad_norms),
+            "clipfrac": float(totals[3]) / tok_seen,
+            "approx_kl": float(totals[4]) / tok_seen,
+            "ratio_mean": float(totals[5]) / tok_seen,
+            "entropy": float(totals[6]) / tok_seen,
+            "grad_norm": float(np.mean(grad_norms)),
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "samples_trained": float(len(fresh)),
+            "tokens_trained": float(n_tok),
+            "max_age_trained": float(age[fresh].max()),
+            "adv_mean": float(adv[fresh].mean()),
+            "adv_std": float(adv[fresh].std()),
+            "micro_batches": float(n_micro),
+            "version": float(self.version),
+            "step_time_s": time.perf_counter() - t0,
+        })
+        if self.ref_model is not None:
+            metrics["kl"] = float(totals[2]) / len(grad_norms)
+        return metrics
+
+    def _mini_batches(self, fresh: np.ndarray) -> list[np.ndarray]:
+        """`fresh` cut into `ppo_mini_batches` mini-batches (whole GRPO groups stay together
+        only by chance: advantages are computed on the whole batch first, so it does not matter).
+        The order is shuffled with a generator seeded by (seed, version), the same on every rank."""
+        k = min(self.cfg.ppo_mini_batches, len(fresh))
+        if k == 1:
+            return [fresh]
+        order = np.random.default_rng((self.cfg.seed, self.version)).permutation(fresh)
+        return [np.sort(part) for part in np.array_split(order, k)]
+
+    def _all_log_probs(self, batch: TrainBatch) -> list[list[float]]:
+        """Per-token log-probs of every response under the current policy, on every rank."""
+        with torch.no_grad():
+            idx_all = np.arange(len(batch))
+            out: dict[int, list[float]] = {}
+            for mb in self._micro_batches(idx_all):
+                real = len(mb) > 0
+                idx = [int(i) for i in (mb if real else idx_all[:1])]
+                logp, _, _ = self._token_log_probs(self.model, batch, idx)
+                if real:
+                    for b, i in enumerate(idx):
+                        out[i] = logp[b, : len(batch.response_ids[i])].cpu().tolist()
+            gathered: list[Any] = [None] * self.world_size
+            dist.all_gather_object(gathered, out)
+        merged = {k: v for part in gathered for k, v in part.items()}
+        return [merged[i] for i in range(len(batch))]
+
+    def _update(self, batch: TrainBatch, mini: np.ndarray, adv: np.ndarray,
+                lengths: np.ndarray) -> tuple[torch.Tensor, float, int]:
+        """One optimizer step on the samples `mini` (gradient accumulated over micro-batches);
+        returns the all-reduced metric sums, the global grad norm (inf/nan: step skipped) and
+        the number of micro-batches."""
+        cfg = self.cfg
+        n_tok = sum(len(batch.response_ids[i]) for i in mini)
+        n_seq = sum(1 for i in mini if len(batch.response_ids[i]) > 0)
+        denom = float(n_tok if cfg.loss_agg_mode == "token-mean" else n_seq)
+        micro = self._micro_batches(mini, lengths)
+        self.optimizer.zero_grad(set_to_none=True)  # a step that raised half-way left gradients
         sums = torch.zeros(7, dtype=torch.float64)
         for k, mb in enumerate(micro):
             weight = 1.0
-            if len(mb) == 0:  # keep collectives aligned: run a real sample with zero weight
-                mb, weight = fresh[:1], 0.0
+            if len(mb) == 0 or denom == 0:  # keep collectives aligned: run a real sample with zero weight
+                mb, weight = mini[:1], 0.0
             idx = [int(i) for i in mb]
             self.model.set_requires_gradient_sync(k == len(micro) - 1)
             logp, mask, ent = self._token_log_probs(self.model, batch, idx, entropy=True)
@@ -241,7 +321,7 @@ class TrainerWorker:
             loss, m = policy_loss(
                 cfg.loss, logp, old, adv_t, mask,
                 clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
-                agg_mode=cfg.loss_agg_mode, denominator=denom,
+                agg_mode=cfg.loss_agg_mode, denominator=max(denom, 1.0),
                 ref_log_probs=ref, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
             )
             # FSDP averages gradients over ranks; each rank's loss is already a share of the
@@ -255,63 +335,21 @@ class TrainerWorker:
             ], dtype=torch.float64)
         reduced = sums.to(self.device)
         dist.all_reduce(reduced)
-        reduced = reduced.cpu()
-
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         if math.isfinite(grad_norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        stepped = math.isfinite(grad_norm)
-        if stepped:
-            self.version += 1
-            self.counters["steps"] += 1
-            self.counters["samples_trained"] += len(fresh)
-            self.counters["tokens_trained"] += n_tok
-        metrics.update({
-            "trained": float(stepped),
-            "loss": float(reduced[0]),
-            "pg_loss": float(reduced[1]),
-            "clipfrac": float(reduced[3]) / n_tok if n_tok else 0.0,
-            "approx_kl": float(reduced[4]) / n_tok if n_tok else 0.0,
-            "ratio_mean": float(reduced[5]) / n_tok if n_tok else 0.0,
-            "entropy": float(reduced[6]) / n_tok if n_tok else 0.0,
-            "grad_norm": grad_norm,
-            "lr": float(self.optimizer.param_groups[0]["lr"]),
-            "samples_trained": float(len(fresh)),
-            "tokens_trained": float(n_tok),
-            "max_age_trained": float(age[fresh].max()),
-            "adv_mean": float(adv[fresh].mean()),
-            "adv_std": float(adv[fresh].std()),
-            "micro_batches": float(len(micro)),
-            "version": float(self.version),
-            "step_time_s": time.perf_counter() - t0,
-        })
-        if self.ref_model is not None:
-            metrics["kl"] = float(reduced[2])
-        return metrics
+        return reduced.cpu(), grad_norm, len(micro)
 
     @torch.no_grad()
     def compute_log_probs(self, batch: TrainBatch) -> list[list[float]] | None:
         """Per-token log-probs of every response under the current policy (rank 0 gets them;
         other ranks get None). Useful as `old_log_probs` or to check a rollout engine."""
         self._require_loaded("compute_log_probs")
-        idx_all = np.arange(len(batch))
-        out: dict[int, list[float]] = {}
-        for mb in self._micro_batches(idx_all):
-            real = len(mb) > 0
-            idx = [int(i) for i in (mb if real else idx_all[:1])]
-            logp, _, _ = self._token_log_probs(self.model, batch, idx)
-            if real:
-                for b, i in enumerate(idx):
-                    out[i] = logp[b, : len(batch.response_ids[i])].cpu().tolist()
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, out)
-        if self.rank != 0:
-            return None
-        merged = {k: v for part in gathered for k, v in part.items()}
-        return [merged[i] for i in range(len(batch))]
+        out = self._all_log_probs(batch)
+        return out if self.rank == 0 else None
 
     # -------------------------------------------------------------------- publish / state
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:

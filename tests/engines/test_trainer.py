@@ -184,6 +184,52 @@ def test_micro_batch_size_does_not_change_the_update(model_path, mode):
         _assert_state_close(sd, sd0, atol=1e-4)
 
 
+def test_mini_batches_equal_one_step_per_part(model_path):
+    """`ppo_mini_batches=2, ppo_epochs=2` is four plain steps: on each part of the seeded
+    shuffle, with the advantages of the whole batch, in order, twice. The version moves by one."""
+    import dataclasses
+
+    import numpy as np
+
+    from pivotrl.rl.advantages import compute_advantages
+
+    b = _batch(1)
+    with Trainer(_cfg(ppo_mini_batches=2, ppo_epochs=2), model_path) as tr:
+        m = tr.step(b)
+        got = tr.state_dict()
+        assert tr.version == 1
+    assert m["optimizer_steps"] == 4 and m["samples_trained"] == len(b)
+
+    adv = compute_advantages("grpo", b.rewards, b.group_ids)
+    order = np.random.default_rng((0, 0)).permutation(np.arange(len(b)))
+    parts = [np.sort(p) for p in np.array_split(order, 2)]
+    with Trainer(_cfg(staleness=10), model_path) as plain:
+        for _ in range(2):
+            for part in parts:
+                pick = lambda xs: [xs[i] for i in part]  # noqa: E731
+                plain.step(dataclasses.replace(
+                    b, prompt_ids=pick(b.prompt_ids), response_ids=pick(b.response_ids),
+                    versions=pick(b.versions), rewards=None, group_ids=None,
+                    advantages=[float(adv[i]) for i in part], old_log_probs=pick(b.old_log_probs)))
+        _assert_state_close(got, plain.state_dict(), atol=1e-5)
+
+
+def test_mini_batches_without_old_log_probs_use_the_policy_before_the_first_step(model_path):
+    """With several updates per batch and no behaviour log-probs, the ratio's denominator is the
+    policy at the start of the step (recomputed once), not the policy each update starts from."""
+    import dataclasses
+
+    b = dataclasses.replace(_batch(2), old_log_probs=None)
+    with Trainer(_cfg(ppo_mini_batches=3), model_path) as tr:
+        before = tr.compute_log_probs(b)
+        tr.step(b)
+        implicit = tr.state_dict()
+    with Trainer(_cfg(ppo_mini_batches=3), model_path) as tr:
+        tr.step(b.with_old_log_probs(before))
+        explicit = tr.state_dict()
+    _assert_state_close(implicit, explicit, atol=1e-6)
+
+
 def test_offload_reload_round_trips_exactly(model_path):
     with Trainer(_cfg(), model_path) as tr:
         tr.step(_batch(1))
@@ -296,6 +342,8 @@ def test_bfloat16_compute_keeps_float32_master_weights(model_path):
         (dict(device="cpu", backend="nccl"), "backend"),
         (dict(kl_estimator="k7"), "kl_estimator"),
         (dict(param_dtype="int8"), "param_dtype"),
+        (dict(ppo_mini_batches=0), "ppo_mini_batches"),
+        (dict(ppo_epochs=0), "ppo_epochs"),
     ],
 )
 def test_config_errors_name_the_field(kw, field):
