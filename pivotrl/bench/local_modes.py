@@ -80,8 +80,39 @@ def run_mode(mode: str, run_dir: Path, steps: int | None, extra: list[str], time
         "val_acc_before": s.get("val_accuracy_before"), "val_acc_after": s.get("val_accuracy_after"),
         "aborts": s.get("aborts"),
         "step_time_s": steps_t,
+        "train_accuracy": s.get("train_accuracy", []),
     })
     return row
+
+
+def plot_accuracy(rows: list[dict[str, Any]], path: Path) -> Path | None:
+    """Accuracy per step of every mode on one figure: the rollout samples' accuracy per training
+    batch (solid) and the held-out accuracy before and after (markers at step 0 and the last step).
+    Same seed and data, so the curves should agree within sampling noise (one batch: 64 prompts)."""
+    ok = [r for r in rows if r.get("train_accuracy")]
+    if not ok:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in ok:
+        acc = r["train_accuracy"]
+        line, = ax.plot(range(1, len(acc) + 1), acc, label=f"{r['mode']} (batch accuracy)", lw=1.4)
+        if r.get("val_acc_before") is not None and r.get("val_acc_after") is not None:
+            ax.plot([0, len(acc)], [r["val_acc_before"], r["val_acc_after"]], "o--", color=line.get_color(),
+                    alpha=0.6, lw=0.8, label=f"{r['mode']} (held-out before/after)")
+    ax.set_xlabel("step (policy version trained)")
+    ax.set_ylabel("accuracy (sampled, T = rollout temperature)")
+    ax.set_title("accuracy per step, same seed, cluster=local models=tiny", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def main(argv: list[str]) -> int:
@@ -112,6 +143,9 @@ def main(argv: list[str]) -> int:
     print_table([{c: r.get(c, "FAILED" if c != "mode" else r["mode"]) for c in cols} for r in rows],
                 title=f"four deployment modes, cluster=local models=tiny, {os.cpu_count()} cores "
                       f"(shared: see the module docstring)")
+    png = plot_accuracy(rows, out / "accuracy_per_step.png")
+    if png is not None:
+        print(f"[local_modes] accuracy per step: {png}", flush=True)
     write_json(a.json, "local_modes", rows, note=(__doc__ or "").split("What these numbers")[1].strip()
                if __doc__ else "", out=str(out))
     return 0 if all("error" not in r for r in rows) else 1
