@@ -21,6 +21,20 @@ Per sequence, the cache holds the prompt and all generated tokens except the las
 sequence already running, then admits and prefills waiting ones (which also yields their first
 token), so each running sequence advances exactly one token per step.
 
+Timing samples (what the throughput model is fitted from: what a replica delivers, not only its
+forward pass). A `PrefillSample` times one batched prefill (the model call and sampling). An
+`IterationSample`'s `seconds` is the wall time the replica spent on that decode iteration while its
+batch stayed busy: from the end of the previous decode iteration (or from the moment the batch went
+from empty to busy, or from the end of an abort or weight load that interrupted it) to the end of
+this one, minus the prefill time recorded in between. So it covers the model call and sampling, and
+also what a replica does around them every iteration: token bookkeeping, dropping finished rows and
+merging admitted ones into the cache, the device loop and its lock (waits for the driver's polls,
+snapshots and submits), and contention for the cores. Time with no running sequence is not
+counted (the replica had no work), nor are aborts and weight loads (a weight load is timed by the
+runtime as a refresh). The busy time of a replica is thus split exactly into iteration and prefill
+samples. The forward-only time (model call and sampling) of the last iteration stays in
+`last_forward_s` for diagnostics.
+
 Behaviour log-probs (protocol docstring): with each sampled token the engine keeps
 `log_softmax(logits / T)` at that token (T = the request's temperature, 1 for greedy), computed
 in float32 from the same logits it sampled from, before top-p truncation. A resume continues the
@@ -139,6 +153,11 @@ class CPUEngine:
         self._generated_total = 0
         self._reprefill_total = 0
         self._released = False
+        # iteration timing (module docstring): start of the current busy interval, and prefill
+        # seconds recorded since then (subtracted from the next iteration sample)
+        self._mark: float | None = None
+        self._prefill_since_mark = 0.0
+        self.last_forward_s = 0.0
 
     # ------------------------------------------------------------------ submission / driving
     def submit(self, request: GenerationRequest) -> None:
@@ -198,6 +217,7 @@ class CPUEngine:
                     out[s.req.seq_id] = s.so_far()
             if len(keep) != len(self._batch.seqs):
                 self._keep_rows(keep)
+            self._restart_interval()
             return out
 
     # ------------------------------------------------------------------ weights / memory
@@ -217,6 +237,7 @@ class CPUEngine:
                                          f"expected {tuple(own[k].shape)}")
                     own[k].copy_(t)  # state_dict tensors share storage with the parameters
             self.version = int(version)
+            self._restart_interval()  # the load is not decode time (the runtime times it)
 
     def release_memory(self) -> None:
         with self._lock:
@@ -226,6 +247,7 @@ class CPUEngine:
             self._batch = _Batch()
             self.model = None
             self._released = True
+            self._restart_interval()
             gc.collect()
 
     def reacquire_memory(self, state_dict: Mapping[str, object] | None = None,
@@ -243,6 +265,7 @@ class CPUEngine:
         with self._lock:
             self._waiting.clear()
             self._batch = _Batch()
+            self._restart_interval()
             self.model = None
             self._released = True
 
@@ -264,6 +287,12 @@ class CPUEngine:
     def _check_live(self) -> None:
         if self._released:
             raise RuntimeError(f"engine {self.name}: memory is released (call reacquire_memory() first)")
+
+    def _restart_interval(self) -> None:
+        """Start a new busy interval now (None if the batch is empty): what happened before (an
+        abort, a weight load, idle time) is not charged to the next iteration sample."""
+        self._mark = time.perf_counter() if self._batch.seqs else None
+        self._prefill_since_mark = 0.0
 
     def _live_ids(self) -> set[int]:
         return {s.req.seq_id for s in (*self._waiting, *self._batch.seqs)}
@@ -302,6 +331,8 @@ class CPUEngine:
         from transformers import DynamicCache
 
         t0 = time.perf_counter()
+        if self._mark is None or not self._batch.seqs:  # the batch turns busy: an interval starts
+            self._mark, self._prefill_since_mark = t0, 0.0
         rows = [s.req.prompt_ids + s.generated for s in seqs]
         T = max(len(r) for r in rows)
         ids = torch.zeros(len(rows), T, dtype=torch.long)
@@ -323,8 +354,9 @@ class CPUEngine:
             layer.keys.masked_fill_(~valid[:, None, :, None], 0.0)
             layer.values.masked_fill_(~valid[:, None, :, None], 0.0)
         nxt, lps = self._sample(out.logits[:, -1, :], seqs)
-        self._prefills.append(PrefillSample(tokens=sum(len(r) for r in rows), num_seqs=len(rows),
-                                            seconds=time.perf_counter() - t0))
+        secs = time.perf_counter() - t0
+        self._prefills.append(PrefillSample(tokens=sum(len(r) for r in rows), num_seqs=len(rows), seconds=secs))
+        self._prefill_since_mark += secs
         self._reprefill_total += sum(s.reprefill for s in seqs)
         offset = len(self._batch.seqs)
         self._merge(seqs, cache, valid)
@@ -342,8 +374,15 @@ class CPUEngine:
                              position_ids=pos, past_key_values=bt.cache, use_cache=True)
         bt.cache, bt.valid = out.past_key_values, valid
         nxt, lps = self._sample(out.logits[:, -1, :], bt.seqs)
-        self._iters.append(IterationSample(num_seqs=n, kv_tokens=k, seconds=time.perf_counter() - t0))
+        self.last_forward_s = time.perf_counter() - t0
         self._append_tokens(nxt, lps)
+        end = time.perf_counter()
+        # the busy interval since the previous iteration ended, less the prefills inside it
+        # (module docstring); without a mark (cannot happen with rows running) the forward only
+        secs = end - t0 if self._mark is None else max(end - self._mark - self._prefill_since_mark, end - t0)
+        self._iters.append(IterationSample(num_seqs=n, kv_tokens=k, seconds=secs))
+        self._mark = end if self._batch.seqs else None
+        self._prefill_since_mark = 0.0
 
     def _append_tokens(self, nxt: list[int], lps: list[float], offset: int = 0) -> None:
         """Give row offset+j the token nxt[j] (log-prob lps[j]); finished rows leave the batch."""

@@ -42,7 +42,11 @@ the old weights. A caller that needs every token under one version aborts first 
 
 Throughput model. `stats()` reports running sequences N, KV tokens K and free KV capacity, and the
 per-iteration samples `(N, K, seconds)` from which `tau = A*K + max(B, C*N) + D` is fitted
-(DESIGN.md §4.1), plus prefill samples `(L, seconds)` for `P0 + P1*L + P2*L^2`.
+(DESIGN.md §4.1), plus prefill samples `(L, seconds)` for `P0 + P1*L + P2*L^2`. A sample's seconds
+are the wall time the replica spent, not only its model call: an iteration's is the time since the
+previous iteration ended while the batch stayed busy, less prefills recorded in between (the CPU
+engine: see its module docstring; vLLM: the time between consecutive iteration stats), so a fitted
+model predicts what a replica delivers.
 """
 from __future__ import annotations
 
@@ -178,7 +182,9 @@ class Completion:
 
 @dataclass(frozen=True)
 class IterationSample:
-    """One decode iteration: `num_seqs` sequences holding `kv_tokens` took `seconds`."""
+    """One decode iteration: `num_seqs` sequences holding `kv_tokens` took `seconds` of the
+    replica's wall time (from the end of the previous iteration while busy, prefills excluded:
+    see the module docstring's "Throughput model")."""
 
     num_seqs: int
     kv_tokens: int

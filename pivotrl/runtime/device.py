@@ -183,14 +183,16 @@ class DeviceWorker:
             return AbortResult(aborted=aborted, finished=done)
 
     def load_weights(self, state_dict: Mapping[str, Any], version: int) -> float | None:
-        """Replace the active engine's weights in place; returns seconds taken, or None when no
-        engine is active (a publish that raced a shift down: the next shift up reads GPS anyway)."""
-        t0 = time.perf_counter()
+        """Replace the active engine's weights in place; returns the seconds the load held the
+        engine (timed inside the step lock: the time decoding stood still for it, without the
+        wait for the iteration in progress to end), or None when no engine is active (a publish
+        that raced a shift down: the next shift up reads GPS anyway)."""
         with self._step_lock:
             if not isinstance(self.active, InferenceHost) or not self.active.active:
                 return None
+            t0 = time.perf_counter()
             self.active.engine.load_weights(state_dict, version)
-        return time.perf_counter() - t0
+            return time.perf_counter() - t0
 
     def poll(self, timeout: float = 0.5) -> DevicePoll:
         """Wait up to `timeout` s for a completion; return completions, token deltas and stats."""

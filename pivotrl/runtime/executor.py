@@ -309,11 +309,13 @@ class Executor:
                                "timings": res.timings})
 
     # ------------------------------------------------------------------ weights
-    def publish_to_rollout(self, ref: Any, version: int) -> list[Any]:
-        """Load policy `version` into every active rollout replica (async refs; errors are ignored
-        for dead devices, whose replacement reads the new version from GPS on shift up)."""
-        return [self.actors[d].load_weights.remote(ref, version)
-                for d, r in self.role_of.items() if r == Role.ROLLOUT]
+    def publish_to_rollout(self, ref: Any, version: int) -> dict[int, Any]:
+        """Load policy `version` into every active rollout replica: device -> async ref of the
+        device's `load_weights` (the seconds its engine spent loading; the runtime records them).
+        Errors are ignored for dead devices, whose replacement reads the new version from GPS on
+        shift up."""
+        return {d: self.actors[d].load_weights.remote(ref, version)
+                for d, r in self.role_of.items() if r == Role.ROLLOUT}
 
     # ------------------------------------------------------------------ training (collective)
     def train_call(self, devices: tuple[int, ...], method: str, *args: Any) -> list[Any]:

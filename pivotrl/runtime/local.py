@@ -342,20 +342,32 @@ class LocalRuntime:
         else:
             raise TypeError(f"local runtime cannot carry out {type(act).__name__}")
 
-    def _await_publish(self, refs: list[Any], version: int) -> None:
+    def _await_publish(self, refs: dict[int, Any], version: int) -> None:
         """Wait until every rollout replica holds `version` before the controller's next actions
         run. The device actors are threaded, so a `submit` sent right after an unawaited
         `load_weights` could be admitted first, under the old weights: its sample would then be
         older than the controller's staleness accounting assumes, the trainer would reject it,
         and a batch rejected whole leaves the trainer's version behind the pipeline's (seen:
-        "runtime reports version 12, pipeline is at 13"). A dead device is left to its poll."""
+        "runtime reports version 12, pipeline is at 13"). A dead device is left to its poll.
+
+        Records one `weight_refresh` timeline record: `{"kind": "weight_refresh", "version": v,
+        "devices": [{"device": d, "seconds": s}, ...], "wait_s": w}` where `s` is the time device
+        `d`'s engine spent loading the weights (its decode stalls that long: `DeviceWorker.
+        load_weights`; devices that were found dead or had no active engine are left out) and `w`
+        the driver's wall time from sending the loads to the last one done."""
         import ray
 
-        for r in refs:
+        t0 = time.perf_counter()
+        per: list[dict[str, Any]] = []
+        for d, r in refs.items():
             try:
-                ray.get(r, timeout=120)
+                secs = ray.get(r, timeout=120)
             except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
                 log.warning("publish of policy version %d hit a dead device: %s", version, type(e).__name__)
+                continue
+            if secs is not None:
+                per.append({"device": int(d), "seconds": float(secs)})
+        self._record("weight_refresh", version=int(version), devices=per, wait_s=time.perf_counter() - t0)
 
     def _dispatch(self, act: Dispatch) -> None:
         role = act.role
@@ -407,11 +419,25 @@ class LocalRuntime:
         if self.tracker is not None:
             self.tracker.log_event(kind, now=self.now, **fields)
 
+    def _record_sample_lengths(self, batch: int, ids: list[int]) -> None:
+        """One `sample_lengths` timeline record for a trained batch (read by `pivotrl.sim.replay`,
+        `RunRecords.sample_lengths`): `{"kind": "sample_lengths", "batch": b, "samples":
+        [[sample_id, prompt_tokens, response_tokens, genrm_tokens], ...]}`, one row per trained
+        sample in id order: the rollout prompt's tokens, the response's tokens, and the tokens the
+        GenRM generated judging it (the same counts the controller's pipeline saw)."""
+        rows = []
+        for sid in sorted(ids):
+            prompt = len(self.s.prompt_ids[self.s.example_of(sid)])
+            rows.append([int(sid), prompt, len(self.responses.get(sid, ())),
+                         len(self.tokens[Role.REWARD].get(sid, ()))])
+        self._record("sample_lengths", batch=int(batch), samples=rows)
+
     def _step_done(self, act: StepDone) -> None:
         f = dict(act.fields)
         now = self.now
         step_time = now - self.last_step_end
         ids = [s for s in self.trained_ids if self.s.batch_of(s) == act.batch]
+        self._record_sample_lengths(act.batch, ids)
         rw = [self.rewards[s] for s in ids if s in self.rewards]
         tm = self.train_metrics.get(act.batch, {})
         row = {

@@ -270,14 +270,21 @@ def constants_from_run(rec: RunRecords, kv_capacity: int, allocation: dict[Role,
     trains = list(span.values())
     if not trains:
         raise ValueError(f"{rec.run_dir}: metrics.jsonl has no train_start/train_end: cannot fit the training time")
-    notes.append("weight refresh of rollout replicas is not timed in the records: charged 0 s")
+    refresh = [float(d["seconds"]) for x in rec.timeline if x.get("kind") == "weight_refresh"
+               for d in x.get("devices", [])]
+    publish_s = statistics.median(refresh) if refresh else 0.0
+    if refresh:
+        notes.append(f"weight refresh of rollout replicas: median of {len(refresh)} measured loads "
+                     f"({publish_s:.3f} s) stalls every rollout replica per publish")
+    else:
+        notes.append("weight refresh of rollout replicas is not timed in the records: charged 0 s")
     if rec.per_sample:
         notes.append("per-sample lengths replayed from the run's sample_lengths records")
     else:
         notes.append("per-sample lengths are not recorded: every sample of a step gets that step's mean lengths")
     by_batch = dict(span) if train_time == "trace" else {}
     return ReplayConstants(models, kv_capacity, up, down, cold_up, statistics.median(trains),
-                           dict(allocation), 0.0, notes, train_s_by_batch=by_batch)
+                           dict(allocation), publish_s, notes, train_s_by_batch=by_batch)
 
 
 # ---------------------------------------------------------------------------------- the replay runtime
