@@ -5,8 +5,8 @@ For each real run folder (`--run-dir`, repeatable; without it, runs `python trai
 models=tiny deploy=MODE` for `--modes` first: `--quick` = pivot only, 4 steps), fits the simulator's
 constants from the folder (`pivotrl.sim.replay.constants_from_run`: the monitor's last online
 throughput fit per role, median training seconds per step, measured shift times), replays the same
-mode, devices, batch shape, staleness, planner settings and steps on the run's recorded per-step
-token totals, and writes:
+mode, devices, batch shape, staleness, planner settings and steps on the run's recorded per-sample
+lengths (older folders: per-step token totals), charging the measured weight refreshes, and writes:
 - `sim_vs_real.csv`: one row per (run, training-time variant, step): measured and predicted step
   seconds and the error. Two variants per run: `median` (training time per step is one fitted
   constant: a prediction) and `trace` (each batch's measured training seconds: isolates the error of

@@ -93,6 +93,11 @@ class LocalRuntime:
                        "logprobs_missing": 0}
         self.busy = {r.value: 0.0 for r in (*INFERENCE_ROLES, Role.TRAIN)}
         self.held = {k: 0.0 for k in ("rollout", "reward", "train", "free")}
+        # driver wall seconds (cumulative, in metrics rows as `driver_s`): in the controller's
+        # `handle` (scheduling and planner decisions) and in carrying out dispatches (aborts and
+        # submits on the devices). No completion is taken in and nothing is dispatched meanwhile:
+        # the simulator, whose control plane takes no time, cannot see it.
+        self.driver_s = {"control": 0.0, "dispatch": 0.0}
 
     @property
     def now(self) -> float:
@@ -316,7 +321,10 @@ class LocalRuntime:
 
     # ------------------------------------------------------------------ actions
     def _handle(self, ev: Any) -> None:
-        for act in self.ctrl.handle(ev):
+        t0 = time.perf_counter()
+        acts = self.ctrl.handle(ev)
+        self.driver_s["control"] += time.perf_counter() - t0
+        for act in acts:
             self._execute(act)
             if self.done:
                 return
@@ -371,7 +379,9 @@ class LocalRuntime:
 
     def _dispatch(self, act: Dispatch) -> None:
         role = act.role
+        t0 = time.perf_counter()
         res = self.ex.execute_moves(role, act.moves, self._request)
+        self.driver_s["dispatch"] += time.perf_counter() - t0
         for sid, toks in res.aborted.items():
             if len(toks) >= len(self.tokens[role].get(sid, ())):
                 self.tokens[role][sid] = TokensSoFar(toks, logprobs_of(toks))
@@ -453,6 +463,7 @@ class LocalRuntime:
             "ratio_mean": tm.get("ratio_mean"), "clipfrac": tm.get("clipfrac"), "approx_kl": tm.get("approx_kl"),
             "tau_shift": {r.value: v for r, v in self.ex.tau_shift.items()},
             "role_state": {r.value: vars(self.monitor.state(r, self.ctrl.sched[r])) for r in INFERENCE_ROLES},
+            "driver_s": dict(self.driver_s),
             **self.counts, **f,
         }
         self.last_step_end = now

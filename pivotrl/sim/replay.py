@@ -3,15 +3,20 @@
 Owns the glue of issue 5 item 6 ("sim against real"), built only from the simulator's public pieces
 (`SimSetup`, `SimRuntime`, `RoleCosts`, `SampleLengths`) and the run folder's records:
 - `ReplayWorkload`: a workload (the same interface as `sim.workload.Workload`) that yields recorded
-  lengths instead of drawing them. `from_step_totals` builds one from what a run folder records per
-  step today (token totals and means per step; see `RunRecords.per_sample`): every sample of a step
-  gets that step's mean lengths, spread so the step's token totals match exactly.
+  lengths instead of drawing them: each sample's own lengths where the run recorded them
+  (`sample_lengths` timeline records, which `cluster=local`/`ray` runs write for every trained
+  batch), else (older run folders) `from_step_totals`: every sample of a step gets that step's mean
+  lengths, spread so the step's token totals match exactly.
 - `ReplayConstants` + `constants_from_run`: the simulator's constants fitted from a real run:
-  per-role `ThroughputModel` (the last online fit the monitor logged, `throughput_fit` records),
+  per-role `ThroughputModel` (the last online fit the monitor logged, `throughput_fit` records:
+  fitted to what the replicas delivered, busy time between iterations included and scaled to the
+  measured mean; see `pivotrl.runtime.monitor`),
   training seconds per step (median of the measured train_start..train_end spans), shift-up/down seconds per role
   (mean of the measured warm `shift_timing` device records; the first load of a role on a device,
   `cold`, is kept separately and charged the first time the replay shifts that device up to that
-  role), KV capacity per replica and the initial allocation from the run's config and records.
+  role), the weight refresh of rollout replicas (median of the measured per-device loads,
+  `weight_refresh` records; every publish stalls each rollout replica that long, as the sim does),
+  KV capacity per replica and the initial allocation from the run's config and records.
 - `ReplayRuntime`: `SimRuntime` with training and shift times taken from `ReplayConstants` instead
   of the MFU and bandwidth models; everything else (controllers, schedulers, planner, decode clock)
   is the simulator's own code. Two optional machine corrections: `engine_slowdown` (wall seconds
@@ -19,14 +24,18 @@ Owns the glue of issue 5 item 6 ("sim against real"), built only from the simula
   (shared-cores contention: with B devices busy on C cores, inference runs max(1, B/C) slower).
   The controller always sees the unslowed fitted models, as the real run's planner did.
 - `engine_duty`: measured over modelled throughput per role from the run's `role_state` snapshots.
-- Per-sample lengths: read from `sample_lengths` timeline records when a run writes them
-  (`RunRecords.sample_lengths` documents the record); no runtime writes them yet.
+- Per-sample lengths: read from `sample_lengths` timeline records (`RunRecords.sample_lengths`
+  documents the record; `pivotrl.runtime.local` writes one per trained batch).
 
-What the replay cannot see: per-sample lengths (the run folder records per-step totals only: the
-long tail of a step's responses, which sets when rollout ends, is averaged away), contention
-between virtual devices that share cores (the fitted models already include the contention the
-run saw, at its average level), the weight refresh of rollout replicas (not timed in the records:
-charged as 0 s), and engine start-up jitter.
+What the replay cannot see: how contention between virtual devices that share cores varies over
+the run (the fitted models include the contention the run saw, at its average level over the
+monitor's window), the driver's own latency (polls every `runtime.poll_s`, dispatch through Ray:
+the sim hands a finished sequence's successor to a replica at once), the judge prompt's template
+(the sim's GenRM prompt is prompt + response; the real one wraps them in the judge template, ~13 %
+more prefill tokens on the tiny models), the spread of shift times (one mean per role and
+direction; measured shift downs range over 10x under load), and engine start-up jitter. Older run
+folders without `sample_lengths` or `weight_refresh` records replay with per-step mean lengths and
+0 s refreshes (stated in the constants' notes).
 """
 from __future__ import annotations
 
@@ -149,9 +158,10 @@ class RunRecords:
     def sample_lengths(self) -> dict[int, dict[int, SampleLengths]]:
         """Per-sample lengths from `sample_lengths` timeline records, batch -> sample id -> lengths.
 
-        The record this reads (one per batch, written when the batch is trained; no runtime writes
-        it yet): `{"kind": "sample_lengths", "batch": b, "samples": [[sample_id, prompt_tokens,
-        response_tokens, genrm_output_tokens], ...]}` over the batch's P*G trained samples."""
+        The record this reads (one per batch, written when the batch is trained by
+        `pivotrl.runtime.local.LocalRuntime._record_sample_lengths`): `{"kind": "sample_lengths",
+        "batch": b, "samples": [[sample_id, prompt_tokens, response_tokens, genrm_output_tokens],
+        ...]}` over the batch's P*G trained samples."""
         out: dict[int, dict[int, SampleLengths]] = {}
         for x in self.timeline:
             if x.get("kind") == "sample_lengths":
@@ -161,7 +171,8 @@ class RunRecords:
 
     @property
     def per_sample(self) -> bool:
-        """True if every batch has its per-sample lengths recorded (no runtime records them yet)."""
+        """True if every batch has its per-sample lengths recorded (runs since the local runtime
+        writes `sample_lengths`; older folders have per-step totals only)."""
         per = self.sample_lengths()
         return bool(per) and all(len(per.get(int(r["batch"]), {})) == self.P * self.G for r in self.steps)
 

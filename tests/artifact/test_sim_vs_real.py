@@ -216,3 +216,24 @@ def test_shared_cores_contention_slows_inference(tmp_path):
     assert rollout(dataclasses.replace(consts, cores=64)) == pytest.approx(free)  # never more busy than cores
     # 2 busy rollout replicas on 1 core: decode takes twice as long (the 3 s cold load does not)
     assert rollout(dataclasses.replace(consts, cores=1)) > free * 1.25
+
+
+def test_weight_refresh_is_charged_at_the_measured_median(tmp_path):
+    from artifact.sim_vs_real.run import prepare
+    from pivotrl.sim.replay import replay
+
+    d = _fake_run(tmp_path / "run")
+    rec, consts, cfg, _ = prepare(d, "trace")
+    assert consts.publish_s == 0.0 and any("charged 0 s" in n for n in consts.notes)
+    with (d / "timeline.jsonl").open("a") as f:
+        for v, secs in ((1, [0.3, 0.5]), (2, [0.4]), (3, [])):  # v3: no rollout replica was up
+            f.write(json.dumps({"kind": "weight_refresh", "version": v, "wait_s": 1.0,
+                                "devices": [{"device": i, "seconds": s} for i, s in enumerate(secs)]}) + "\n")
+    rec, refreshed, cfg, _ = prepare(d, "trace")
+    assert refreshed.publish_s == pytest.approx(0.4)
+    assert any("median of 3 measured loads" in n for n in refreshed.notes)
+    assert refreshed.as_dict()["publish_s"] == pytest.approx(0.4)
+    # the replay stalls rollout replicas for it: no step gets faster, and the run as a whole is not faster
+    wl = rec.workload()
+    base, slow = replay(cfg, consts, wl, 3, 1, 4), replay(cfg, refreshed, wl, 3, 1, 4)
+    assert sum(slow["step_time_s"]) >= sum(base["step_time_s"])

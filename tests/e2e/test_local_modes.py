@@ -45,6 +45,22 @@ def test_mode_trains_two_steps(ray_session, tiny_assets, tmp_path, mode):
     timings = [r for r in _timeline(tmp_path) if r["kind"] == "shift_timing"]
     assert timings and all(t["up_s"] >= 0 and t["down_s"] >= 0 for t in timings)
     assert any(d["direction"] == "up" and d["role"] == "rollout" for t in timings for d in t["devices"])
+    # per-sample lengths of every trained batch (the simulator's replay reads them), consistent
+    # with the step's token totals; and every weight publish is timed per rollout device
+    from pivotrl.sim.replay import RunRecords
+
+    tl = _timeline(tmp_path)
+    lengths = {r["batch"]: r["samples"] for r in tl if r["kind"] == "sample_lengths"}
+    assert sorted(lengths) == sorted(r["batch"] for r in rows)
+    for r in rows:
+        samples, b = lengths[r["batch"]], r["batch"]
+        assert [x[0] for x in samples] == list(range(b * P * G, (b + 1) * P * G))
+        assert all(p > 0 and resp > 0 and g > 0 for _, p, resp, g in samples)
+        assert sum(p + resp for _, p, resp, _ in samples) == r["policy_tokens"]
+        assert sum(p + resp + g for _, p, resp, g in samples) == r["genrm_tokens"]
+    assert RunRecords.load(tmp_path).per_sample
+    refresh = [r for r in tl if r["kind"] == "weight_refresh"]
+    assert refresh and all(d["seconds"] > 0 for r in refresh for d in r["devices"])
     # checkpoint of the last step (train.checkpoint_every=1)
     assert (tmp_path / "checkpoints" / "step_00000002" / "trainer_state.json").is_file()
     assert ray_session.is_initialized(), "a run attached to a session must not shut it down"

@@ -188,6 +188,46 @@ def test_stats_sanity(engine, prompts):
     assert len(engine.stats(drain=False).iterations) == 0
 
 
+def test_iteration_samples_cover_the_busy_time_between_iterations(engine, prompts):
+    """An iteration sample is the wall time since the previous iteration ended while the batch was
+    busy (time a replica spends around its forward pass counts), less prefills in between; time
+    before an abort or a weight load, and idle time with no running sequence, do not count."""
+    import time
+
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    for r in _reqs(prompts[:2], sp):
+        engine.submit(r)
+    engine.step()  # prefill: the batch turns busy
+    engine.step()
+    engine.stats()
+    time.sleep(0.2)  # the replica is busy but not iterating (device loop, polls, contention)
+    engine.step()
+    it = engine.stats().iterations
+    assert len(it) == 1 and it[0].seconds >= 0.2 and engine.last_forward_s < 0.2
+    # a resume admitted between iterations: its prefill is a PrefillSample, not iteration time
+    time.sleep(0.2)  # before an abort: not charged (the interval restarts at the abort's end)
+    out = engine.abort([0])
+    engine.submit(GenerationRequest(0, prompts[0], sp, generated=list(out[0])))
+    engine.step()  # decode seq 1, then prefill the resumed seq 0
+    engine.step()
+    st = engine.stats()
+    assert len(st.prefills) == 1 and [s.num_seqs for s in st.iterations] == [1, 2]
+    assert all(s.seconds < 0.2 for s in st.iterations)
+    engine.load_weights(dict(engine.model.state_dict()), 1)  # a weight load is timed by the runtime
+    time.sleep(0.2)  # after the load: the replica is busy again, so this counts
+    engine.step()
+    assert engine.stats().iterations[0].seconds >= 0.2
+    while engine.has_unfinished():
+        engine.step()
+    engine.stats()
+    time.sleep(0.2)  # idle: no running sequence
+    engine.submit(GenerationRequest(5, prompts[2], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)))
+    engine.step()
+    engine.step()
+    it = engine.stats().iterations
+    assert len(it) == 1 and it[0].seconds < 0.2
+
+
 def test_submit_errors(tiny_dir, prompts):
     limit = len(prompts[0]) + 10
     eng = CPUEngine(tiny_dir, EngineConfig(name="cpu", max_model_len=limit))
