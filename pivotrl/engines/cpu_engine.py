@@ -35,6 +35,15 @@ runtime as a refresh). The busy time of a replica is thus split exactly into ite
 samples. The forward-only time (model call and sampling) of the last iteration stays in
 `last_forward_s` for diagnostics.
 
+Intake (why `submit` does not wait for a step). `step()` holds the engine lock for a whole decode
+and prefill. A driver that submits work (the device actor, on the driver's dispatch) would wait
+that long for every submit, and the runtime's driver waits for its submits: on shared cores that
+made dispatch the driver's main occupation (57 s of an 80 s run) while replicas starved. So
+`submit` validates the request and hands it over under a small intake lock only; every entry that
+looks at sequences (`step`, `abort`, `snapshot`, `has_unfinished`, `stats`, `release_memory`) first
+moves the handed-over sequences into the waiting queue, in submission order. A sequence's version
+tag is the engine's version when it moves into the queue (before any of its tokens is generated).
+
 Behaviour log-probs (protocol docstring): with each sampled token the engine keeps
 `log_softmax(logits / T)` at that token (T = the request's temperature, 1 for greedy), computed
 in float32 from the same logits it sampled from, before top-p truncation. A resume continues the
@@ -145,6 +154,9 @@ class CPUEngine:
         self.max_model_len = min(self.cfg.max_model_len or model_max, model_max)
         self._gen = torch.Generator().manual_seed(self.cfg.seed)
         self._lock = threading.RLock()
+        self._intake = threading.Lock()  # guards _incoming and _live (module docstring: Intake)
+        self._incoming: list[_Seq] = []
+        self._live: set[int] = set()  # submitted and not yet finished or aborted
         self._waiting: collections.deque[_Seq] = collections.deque()
         self._batch = _Batch()
         self._finished: list[Completion] = []
@@ -161,28 +173,39 @@ class CPUEngine:
 
     # ------------------------------------------------------------------ submission / driving
     def submit(self, request: GenerationRequest) -> None:
-        with self._lock:
-            self._check_live()
-            if request.seq_id in self._live_ids():
+        """Validate and hand over (module docstring: Intake); never waits for a running step."""
+        self._check_live()
+        if len(request.prompt_ids) >= self.max_model_len:
+            raise ValueError(f"seq {request.seq_id}: prompt of {len(request.prompt_ids)} tokens does not fit "
+                             f"max_model_len={self.max_model_len}")
+        p = request.params
+        stops = frozenset() if p.ignore_eos else frozenset(p.stop_token_ids) | self.eos_ids
+        gen = torch.Generator().manual_seed(p.seed) if p.seed is not None else None
+        lps = None if request.generated_logprobs is None else list(request.generated_logprobs)
+        seq = _Seq(request, list(request.generated), self.version, stops, gen, logprobs=lps)
+        if request.resumed:
+            seq.reprefill = seq.total
+        with self._intake:
+            if request.seq_id in self._live:
                 raise ValueError(f"seq_id {request.seq_id} is already live in engine {self.name}")
-            if len(request.prompt_ids) >= self.max_model_len:
-                raise ValueError(f"seq {request.seq_id}: prompt of {len(request.prompt_ids)} tokens does not fit "
-                                 f"max_model_len={self.max_model_len}")
-            p = request.params
-            stops = frozenset() if p.ignore_eos else frozenset(p.stop_token_ids) | self.eos_ids
-            gen = torch.Generator().manual_seed(p.seed) if p.seed is not None else None
-            lps = None if request.generated_logprobs is None else list(request.generated_logprobs)
-            seq = _Seq(request, list(request.generated), self.version, stops, gen, logprobs=lps)
-            if request.resumed:
-                seq.reprefill = seq.total
+            self._live.add(request.seq_id)
+            self._incoming.append(seq)
+
+    def _take_incoming(self) -> None:
+        """Move handed-over sequences into the waiting queue (call with `_lock` held)."""
+        with self._intake:
+            new, self._incoming = self._incoming, []
+        for seq in new:
+            seq.version = self.version
             reason = self._finish_reason(seq)
             if reason is not None:  # resumed with nothing left to generate
                 self._finished.append(self._completion(seq, reason))
-                return
-            self._waiting.append(seq)
+            else:
+                self._waiting.append(seq)
 
     def has_unfinished(self) -> bool:
         with self._lock:
+            self._take_incoming()
             return bool(self._waiting or self._batch.seqs or self._finished)
 
     def step(self, timeout: float | None = None) -> list[Completion]:
@@ -190,6 +213,7 @@ class CPUEngine:
         del timeout  # synchronous: the work is done in this call
         with self._lock:
             self._check_live()
+            self._take_incoming()
             if self._batch.seqs:
                 self._decode()
             self._admit()
@@ -201,12 +225,14 @@ class CPUEngine:
 
     def snapshot(self, seq_ids: Iterable[int] | None = None) -> dict[int, list[int]]:
         with self._lock:
+            self._take_incoming()
             want = None if seq_ids is None else set(seq_ids)
             return {s.req.seq_id: s.so_far() for s in (*self._waiting, *self._batch.seqs)
                     if want is None or s.req.seq_id in want}
 
     def abort(self, seq_ids: Iterable[int] | None = None) -> dict[int, list[int]]:
         with self._lock:
+            self._take_incoming()
             want = None if seq_ids is None else set(seq_ids)
             hit = lambda s: want is None or s.req.seq_id in want  # noqa: E731
             out = {s.req.seq_id: s.so_far() for s in self._waiting if hit(s)}
@@ -218,6 +244,8 @@ class CPUEngine:
             if len(keep) != len(self._batch.seqs):
                 self._keep_rows(keep)
             self._restart_interval()
+            with self._intake:
+                self._live.difference_update(out)
             return out
 
     # ------------------------------------------------------------------ weights / memory
@@ -241,6 +269,7 @@ class CPUEngine:
 
     def release_memory(self) -> None:
         with self._lock:
+            self._take_incoming()
             if self._live_ids():
                 raise RuntimeError(f"release_memory: engine {self.name} still has live sequences "
                                    f"{sorted(self._live_ids())[:8]}...; abort them first")
@@ -263,6 +292,9 @@ class CPUEngine:
 
     def shutdown(self) -> None:
         with self._lock:
+            with self._intake:
+                self._incoming.clear()
+                self._live.clear()
             self._waiting.clear()
             self._batch = _Batch()
             self._restart_interval()
@@ -272,6 +304,7 @@ class CPUEngine:
     # ------------------------------------------------------------------ stats
     def stats(self, drain: bool = True) -> EngineStats:
         with self._lock:
+            self._take_incoming()
             st = EngineStats(
                 running=len(self._batch.seqs), waiting=len(self._waiting), kv_tokens=self._kv_tokens(),
                 kv_capacity_tokens=self.cfg.kv_capacity_tokens, version=self.version,
@@ -308,6 +341,8 @@ class CPUEngine:
         return None
 
     def _completion(self, s: _Seq, reason: str) -> Completion:
+        with self._intake:
+            self._live.discard(s.req.seq_id)
         return Completion(seq_id=s.req.seq_id, prompt_ids=list(s.req.prompt_ids), token_ids=list(s.generated),
                           finish_reason=reason, version=s.version, reprefill_tokens=s.reprefill,
                           logprobs=None if s.logprobs is None else list(s.logprobs))

@@ -7,8 +7,10 @@ the role hosts on this device (one active, the rest dormant with only their pres
 
 Driving model. The protocol's engines are synchronous (`pivotrl.engines.protocol`). A background
 thread steps the active engine while it has work, so decoding never waits for the driver. The
-driver talks to the actor between iterations: `submit` / `abort` / `load_weights` go through the
-engine's own lock, and `poll(timeout)` blocks until a completion is ready (or the timeout passes)
+driver talks to the actor between iterations: `abort` / `load_weights` go through the step lock
+(they wait for the iteration in progress), `submit` hands requests to the engine without waiting
+for it (the CPU engine's intake: the driver's dispatch must not wait out a decode step on every
+device it feeds), and `poll(timeout)` blocks until a completion is ready (or the timeout passes)
 and returns completions, per-sequence token deltas since the last poll (`progress`) and the
 engine's stats with its per-iteration timing samples (the monitor fits the throughput model from
 them). The driver keeps every sequence's tokens from these deltas, so if this actor dies the

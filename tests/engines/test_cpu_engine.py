@@ -228,6 +228,40 @@ def test_iteration_samples_cover_the_busy_time_between_iterations(engine, prompt
     assert len(it) == 1 and it[0].seconds < 0.2
 
 
+def test_submit_does_not_wait_for_a_running_step(engine, prompts):
+    """`submit` hands over under the intake lock only: a step holding the engine lock (a decode
+    and prefill) does not hold up the driver's dispatch; the handed-over sequence is live at once
+    (a duplicate is refused) and runs from the next step, tagged with the version it starts under."""
+    import threading
+    import time
+
+    held, release = threading.Event(), threading.Event()
+
+    def long_step():
+        with engine._lock:
+            held.set()
+            release.wait(5)
+
+    t = threading.Thread(target=long_step)
+    t.start()
+    held.wait(5)
+    t0 = time.perf_counter()
+    engine.submit(GenerationRequest(1, prompts[0], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)))
+    assert time.perf_counter() - t0 < 1.0
+    with pytest.raises(ValueError, match="seq_id 1 is already live"):
+        engine.submit(GenerationRequest(1, prompts[0], GREEDY))
+    release.set()
+    t.join()
+    engine.load_weights(dict(engine.model.state_dict()), 3)
+    assert engine.has_unfinished() and list(engine.snapshot()) == [1]
+    done = []
+    while engine.has_unfinished():
+        done += engine.step()
+    assert [(c.seq_id, len(c.token_ids), c.version) for c in done] == [(1, 4, 3)]
+    engine.submit(GenerationRequest(1, prompts[0], GREEDY))  # finished: no longer live
+    assert list(engine.abort([1])) == [1] and not engine.has_unfinished()
+
+
 def test_submit_errors(tiny_dir, prompts):
     limit = len(prompts[0]) + 10
     eng = CPUEngine(tiny_dir, EngineConfig(name="cpu", max_model_len=limit))
