@@ -8,8 +8,10 @@ from dataclasses import dataclass
 class TrainConfig:
     """The RL loop, common to every runtime."""
 
-    steps: int = 6
-    """RL steps (policy updates) to run, warm-up included."""
+    steps: int = 30
+    """RL steps (policy versions) to run, warm-up included. 30 is the embedded default run's length
+    (`python train.py`: about 4 min on a 2-core machine with the bootstrap cached); the paper
+    experiments set their own (`conf/experiment/*`)."""
     warmup_steps: int = 1
     """Leading steps excluded from throughput (DESIGN §4.6)."""
     prompts_per_step: int = 64

@@ -24,14 +24,18 @@ class RuntimeConfig:
     engine: EngineConfig = field(default_factory=_engine)
     """Every inference replica's engine (rollout and reward); `name=cpu` on `local`."""
     lr: float = 5e-4
-    """Policy learning rate of the GRPO trainer (AdamW, constant, one optimizer step per batch).
-    Measured on the default run (tiny, 6 steps of 64x8, behaviour log-probs on): 1e-3 collapses
-    the policy within a few steps (train accuracy to ~0.1, with or without the GenRM reward);
-    5e-4 is stable but moves little in 6 updates."""
+    """Policy learning rate of the GRPO trainer (AdamW, constant). Measured on the tiny task (64
+    prompts x 8 per step, staleness 2, behaviour log-probs on; held-out sampled accuracy before ->
+    after): 2 mini-batches, 30 steps: 0.325 -> 0.4725 (seed 0) and 0.3075 -> 0.455 (seed 1), greedy
+    accuracy kept; 1e-3 with 2 mini-batches falls to ~0.23 train accuracy within 10 steps;
+    4 mini-batches or 2 epochs at 5e-4 rise faster at first but lose greedy accuracy (the policy
+    collapses onto its current answers; one 48-step run with 2 epochs fell to 0.2)."""
     micro_batch_size: int = 64
     """Trainer micro-batch (sequences per forward/backward on one rank)."""
-    ppo_mini_batches: int = 1
-    """Optimizer steps per RL step (the batch is shuffled and cut into this many mini-batches)."""
+    ppo_mini_batches: int = 2
+    """Optimizer steps per RL step (the batch is shuffled and cut into this many mini-batches).
+    Training is the tiny run's bottleneck; two mini-batches give two updates for the same
+    forward/backward work (see `lr` for what was measured)."""
     ppo_epochs: int = 1
     """Passes over the mini-batches per RL step."""
     reward: RewardConfig = field(default_factory=RewardConfig)
