@@ -38,6 +38,8 @@ class RuntimeConfig:
     forward/backward work (see `lr` for what was measured)."""
     ppo_epochs: int = 1
     """Passes over the mini-batches per RL step."""
+    off_policy: str = "decoupled"
+    """Correction of stale samples (`TrainerConfig.off_policy`): decoupled | behaviour."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """R = w_v * R_verifiable + w_g * R_genrm and the GenRM output parser."""
     gps: GPSConfig = field(default_factory=GPSConfig)
@@ -70,6 +72,10 @@ class RuntimeConfig:
                 raise ValueError(f"runtime.{name} must be > 0, got {getattr(self, name)}")
         if self.tau_shift_prior_s < 0:
             raise ValueError(f"runtime.tau_shift_prior_s must be >= 0, got {self.tau_shift_prior_s}")
+        from pivotrl.config.trainer import OFF_POLICY
+
+        if self.off_policy not in OFF_POLICY:
+            raise ValueError(f"runtime.off_policy must be one of {list(OFF_POLICY)}, got {self.off_policy!r}")
         for name in ("ppo_mini_batches", "ppo_epochs"):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 raise ValueError(f"runtime.{name} must be an int >= 1, got {getattr(self, name)!r}")

@@ -14,6 +14,7 @@ from pivotrl.rl.advantages import ADVANTAGE_ESTIMATORS
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
 PARAM_DTYPES = ("float32", "bfloat16")
+OFF_POLICY = ("behaviour", "decoupled")
 
 
 @dataclass
@@ -72,6 +73,15 @@ class TrainerConfig:
     """Logits are divided by this before log-softmax; set it to the rollout temperature so
     recomputed log-probs describe the distribution the samples were drawn from. > 0."""
 
+    off_policy: str = "behaviour"
+    """How samples from an older policy are corrected (they carry the behaviour policy's
+    `old_log_probs`): `behaviour` clips the ratio pi/pi_behaviour (plain PPO; a stale sample's
+    decisive tokens are often clipped away); `decoupled` clips against the policy at the start of
+    the step (proximal, recomputed: one extra forward) and weights each token by the truncated
+    importance ratio pi_prox/pi_behaviour (decoupled PPO, as in AReaL). Same update when fresh."""
+    behaviour_is_cap: float = 2.0
+    """Truncation of the decoupled importance weight pi_prox/pi_behaviour. > 0."""
+
     # --- asynchrony ----------------------------------------------------------------------------
     staleness: int = 2
     """A sample generated under policy version v is trained at step t only if t - v <= staleness;
@@ -118,6 +128,10 @@ class TrainerConfig:
             bad("grad_clip", ">= 0 (0 disables)")
         if not (isinstance(self.micro_batch_size, int) and self.micro_batch_size >= 1):
             bad("micro_batch_size", "an int >= 1")
+        if self.off_policy not in OFF_POLICY:
+            bad("off_policy", str(list(OFF_POLICY)))
+        if not self.behaviour_is_cap > 0:
+            bad("behaviour_is_cap", "> 0")
         for name in ("ppo_mini_batches", "ppo_epochs"):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 bad(name, "an int >= 1")

@@ -215,7 +215,18 @@ class TrainerWorker:
             raise ValueError("every fresh sample in TrainBatch.response_ids is empty: nothing to train on")
         lengths = np.asarray([len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)])
         minis = self._mini_batches(fresh)
-        if batch.old_log_probs is None and len(minis) * cfg.ppo_epochs > 1:
+        is_weights: list[np.ndarray] | None = None
+        if cfg.off_policy == "decoupled" and batch.old_log_probs is not None:
+            # Decoupled PPO: clip against the policy at the start of this step (proximal), and
+            # correct for the behaviour policy with a truncated importance weight per token.
+            prox = self._all_log_probs(batch)
+            is_weights = [np.minimum(np.exp(np.asarray(p, dtype=np.float64) - np.asarray(b, dtype=np.float64)),
+                                     cfg.behaviour_is_cap) for p, b in zip(prox, batch.old_log_probs)]
+            w = np.concatenate([is_weights[i] for i in fresh]) if n_tok else np.zeros(0)
+            metrics["behaviour_is_mean"] = float(w.mean())
+            metrics["behaviour_is_truncated"] = float((w >= cfg.behaviour_is_cap).mean())
+            batch = batch.with_old_log_probs(prox)
+        elif batch.old_log_probs is None and len(minis) * cfg.ppo_epochs > 1:
             # Several updates per batch: the ratio's denominator must be the policy before the
             # first of them, not the one each update starts from.
             batch = batch.with_old_log_probs(self._all_log_probs(batch))
@@ -225,7 +236,7 @@ class TrainerWorker:
         n_micro = 0
         for _ in range(cfg.ppo_epochs):
             for mini in minis:
-                reduced, grad_norm, k = self._update(batch, mini, adv, lengths)
+                reduced, grad_norm, k = self._update(batch, mini, adv, lengths, is_weights)
                 totals += reduced
                 grad_norms.append(grad_norm)
                 n_micro += k
@@ -288,11 +299,11 @@ class TrainerWorker:
         merged = {k: v for part in gathered for k, v in part.items()}
         return [merged[i] for i in range(len(batch))]
 
-    def _update(self, batch: TrainBatch, mini: np.ndarray, adv: np.ndarray,
-                lengths: np.ndarray) -> tuple[torch.Tensor, float, int]:
+    def _update(self, batch: TrainBatch, mini: np.ndarray, adv: np.ndarray, lengths: np.ndarray,
+                is_weights: list[np.ndarray] | None = None) -> tuple[torch.Tensor, float, int]:
         """One optimizer step on the samples `mini` (gradient accumulated over micro-batches);
         returns the all-reduced metric sums, the global grad norm (inf/nan: step skipped) and
-        the number of micro-batches."""
+        the number of micro-batches. `is_weights` (decoupled PPO) scale each token's advantage."""
         cfg = self.cfg
         n_tok = sum(len(batch.response_ids[i]) for i in mini)
         n_seq = sum(1 for i in mini if len(batch.response_ids[i]) > 0)
@@ -318,6 +329,8 @@ class TrainerWorker:
                 with torch.no_grad():
                     ref, _, _ = self._token_log_probs(self.ref_model, batch, idx)
             adv_t = torch.as_tensor(adv[idx], device=self.device)
+            if is_weights is not None:
+                adv_t = adv_t[:, None] * self._padded([is_weights[i].tolist() for i in idx], logp.shape[1])
             loss, m = policy_loss(
                 cfg.loss, logp, old, adv_t, mask,
                 clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,

@@ -230,6 +230,52 @@ def test_mini_batches_without_old_log_probs_use_the_policy_before_the_first_step
     _assert_state_close(implicit, explicit, atol=1e-6)
 
 
+def test_decoupled_ppo_is_a_truncated_importance_weighted_policy_gradient(model_path):
+    """`off_policy=decoupled`, one update: the clip reference is the current policy (ratio 1), so
+    the loss is -mean(A * min(pi/pi_behaviour, cap)) per token; checked against plain torch."""
+    from transformers import AutoModelForCausalLM
+
+    from pivotrl.rl.advantages import compute_advantages
+
+    cap = 0.8  # the tiny random model's log-probs sit near -4.85, the batch's behaviour near -4.6
+    cfg = _cfg(kl_coef=0.0, off_policy="decoupled", behaviour_is_cap=cap, grad_clip=0.0)
+    b = _batch(3)
+    with Trainer(cfg, model_path) as tr:
+        m = tr.step(b)
+        got = tr.state_dict()
+    assert 0 < m["behaviour_is_truncated"] < 1  # random behaviour log-probs: some weights hit the cap
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+    adv = compute_advantages("grpo", b.rewards, b.group_ids)
+    total, n_tok = 0.0, sum(len(r) for r in b.response_ids)
+    for i, (p, r) in enumerate(zip(b.prompt_ids, b.response_ids)):
+        logits = model(input_ids=torch.tensor([p + r])).logits[0, len(p) - 1 : len(p) + len(r) - 1]
+        logp = torch.log_softmax(logits, -1).gather(1, torch.tensor(r)[:, None])[:, 0]
+        w = torch.clamp(torch.exp(logp.detach() - torch.tensor(b.old_log_probs[i])), max=cap)
+        total = total + (-float(adv[i]) * w * torch.exp(logp - logp.detach())).sum()
+    (total / n_tok).backward()
+    torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                      eps=cfg.adam_eps, weight_decay=cfg.weight_decay).step()
+    assert m["loss"] == pytest.approx(float(total / n_tok), rel=1e-4)
+    _assert_state_close(got, {k: v for k, v in model.state_dict().items() if k in got}, atol=1e-4)
+
+
+def test_decoupled_equals_behaviour_on_fresh_samples(model_path):
+    """Samples whose behaviour log-probs are the current policy's: both corrections are the same
+    update (weights 1, the same clip reference), also over several mini-batches."""
+    import dataclasses
+
+    b = dataclasses.replace(_batch(4), old_log_probs=None)
+    results = []
+    for mode in ("behaviour", "decoupled"):
+        with Trainer(_cfg(off_policy=mode, ppo_mini_batches=3), model_path) as tr:
+            fresh = b.with_old_log_probs(tr.compute_log_probs(b))
+            m = tr.step(fresh)
+            results.append((m, tr.state_dict()))
+    assert results[1][0]["behaviour_is_mean"] == pytest.approx(1.0, abs=1e-5)
+    _assert_state_close(results[0][1], results[1][1], atol=1e-6)
+
+
 def test_offload_reload_round_trips_exactly(model_path):
     with Trainer(_cfg(), model_path) as tr:
         tr.step(_batch(1))
@@ -344,6 +390,8 @@ def test_bfloat16_compute_keeps_float32_master_weights(model_path):
         (dict(param_dtype="int8"), "param_dtype"),
         (dict(ppo_mini_batches=0), "ppo_mini_batches"),
         (dict(ppo_epochs=0), "ppo_epochs"),
+        (dict(off_policy="vtrace"), "off_policy"),
+        (dict(behaviour_is_cap=0.0), "behaviour_is_cap"),
     ],
 )
 def test_config_errors_name_the_field(kw, field):
