@@ -204,9 +204,10 @@ class ReplayConstants:
     publish_s: float = 0.0
     notes: list[str] = field(default_factory=list)
     engine_slowdown: float = 1.0
-    """Wall seconds per second of modelled decode/prefill on the real engines (>= 1): the share of
-    an engine's wall time spent outside its timed iterations (thread and GIL contention, polling,
-    shared cores). 1 = the fitted iteration model as is; `fit_engine_slowdown` fits it."""
+    """Wall seconds per second of modelled decode/prefill on the real engines (>= 1): whatever the
+    fitted model still misses of an engine's wall time (runs from before iteration samples covered
+    the busy time between iterations needed ~5x; driver latency the sim does not model). 1 = the
+    fitted iteration model as is; `fit_engine_slowdown` fits it."""
     cores: int | None = None
     """Shared-cores contention (None: off): with B devices busy at once (inference replicas with
     work, training devices while training) on `cores` cores, every inference replica's iteration
