@@ -38,6 +38,11 @@ class RuntimeConfig:
     forward/backward work (see `lr` for what was measured)."""
     ppo_epochs: int = 1
     """Passes over the mini-batches per RL step."""
+    lr_decay_steps: int | None = None
+    """Linear learning-rate decay to `lr * lr_min_ratio` over this many versions (`TrainerConfig`);
+    None: over the run's `train.steps`; 0: constant."""
+    lr_min_ratio: float = 0.1
+    """Floor of the decay as a fraction of `lr`."""
     off_policy: str = "decoupled"
     """Correction of stale samples (`TrainerConfig.off_policy`): decoupled | behaviour."""
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -74,6 +79,10 @@ class RuntimeConfig:
             raise ValueError(f"runtime.tau_shift_prior_s must be >= 0, got {self.tau_shift_prior_s}")
         from pivotrl.config.trainer import OFF_POLICY
 
+        if self.lr_decay_steps is not None and not (isinstance(self.lr_decay_steps, int) and self.lr_decay_steps >= 0):
+            raise ValueError(f"runtime.lr_decay_steps must be null or an int >= 0, got {self.lr_decay_steps!r}")
+        if not 0.0 <= self.lr_min_ratio <= 1.0:
+            raise ValueError(f"runtime.lr_min_ratio must be in [0, 1], got {self.lr_min_ratio}")
         if self.off_policy not in OFF_POLICY:
             raise ValueError(f"runtime.off_policy must be one of {list(OFF_POLICY)}, got {self.off_policy!r}")
         for name in ("ppo_mini_batches", "ppo_epochs"):

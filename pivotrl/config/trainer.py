@@ -23,7 +23,13 @@ class TrainerConfig:
 
     # --- optimiser -----------------------------------------------------------------------------
     lr: float = 1e-5
-    """AdamW learning rate (constant; no schedule yet)."""
+    """AdamW peak learning rate."""
+    lr_decay_steps: int = 0
+    """0: constant `lr`. Otherwise the rate falls linearly from `lr` at version 0 to
+    `lr * lr_min_ratio` at this many versions, and stays there (the policy a run ends with is then
+    not one noisy full-size step away from where it was)."""
+    lr_min_ratio: float = 0.1
+    """Floor of the linear decay, as a fraction of `lr`. In [0, 1]."""
     adam_beta1: float = 0.9
     """AdamW beta1, in [0, 1)."""
     adam_beta2: float = 0.999
@@ -117,6 +123,10 @@ class TrainerConfig:
 
         if not self.lr > 0:
             bad("lr", "> 0")
+        if not (isinstance(self.lr_decay_steps, int) and self.lr_decay_steps >= 0):
+            bad("lr_decay_steps", "an int >= 0 (0: constant)")
+        if not 0.0 <= self.lr_min_ratio <= 1.0:
+            bad("lr_min_ratio", "[0, 1]")
         for name in ("adam_beta1", "adam_beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 bad(name, "[0, 1)")

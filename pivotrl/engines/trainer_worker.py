@@ -215,6 +215,8 @@ class TrainerWorker:
             raise ValueError("every fresh sample in TrainBatch.response_ids is empty: nothing to train on")
         lengths = np.asarray([len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)])
         minis = self._mini_batches(fresh)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(self.version)
         is_weights: list[np.ndarray] | None = None
         if cfg.off_policy == "decoupled" and batch.old_log_probs is not None:
             # Decoupled PPO: clip against the policy at the start of this step (proximal), and
@@ -271,6 +273,14 @@ class TrainerWorker:
         if self.ref_model is not None:
             metrics["kl"] = float(totals[2]) / len(grad_norms)
         return metrics
+
+    def lr_at(self, version: int) -> float:
+        """Learning rate of the step that trains version `version` (config: lr_decay_steps)."""
+        cfg = self.cfg
+        if cfg.lr_decay_steps == 0:
+            return cfg.lr
+        frac = min(1.0, version / cfg.lr_decay_steps)
+        return cfg.lr * (1.0 - frac * (1.0 - cfg.lr_min_ratio))
 
     def _mini_batches(self, fresh: np.ndarray) -> list[np.ndarray]:
         """`fresh` cut into `ppo_mini_batches` mini-batches (whole GRPO groups stay together

@@ -204,7 +204,9 @@ class LocalSetup:
 
             tcfg = TrainerConfig(lr=self.rt.lr, micro_batch_size=self.rt.micro_batch_size,
                                  ppo_mini_batches=self.rt.ppo_mini_batches, ppo_epochs=self.rt.ppo_epochs,
-                                 off_policy=self.rt.off_policy,
+                                 off_policy=self.rt.off_policy, lr_min_ratio=self.rt.lr_min_ratio,
+                                 lr_decay_steps=(int(self.cfg.train.steps) if self.rt.lr_decay_steps is None
+                                                 else self.rt.lr_decay_steps),
                                  staleness=self.staleness, world_size=slot.tp,
                                  backend="gloo" if self.accelerator == "cpu" else "nccl", device=self.accelerator,
                                  num_threads=int(self.cfg.cluster.threads_per_device), seed=int(self.cfg.seed),

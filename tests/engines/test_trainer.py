@@ -276,6 +276,12 @@ def test_decoupled_equals_behaviour_on_fresh_samples(model_path):
     _assert_state_close(results[0][1], results[1][1], atol=1e-6)
 
 
+def test_linear_lr_decay_per_version(model_path):
+    with Trainer(_cfg(lr=1e-2, lr_decay_steps=4, lr_min_ratio=0.25, staleness=10), model_path) as tr:
+        lrs = [tr.step(_batch(k))["lr"] for k in range(6)]
+    assert lrs == pytest.approx([1e-2, 8.125e-3, 6.25e-3, 4.375e-3, 2.5e-3, 2.5e-3])
+
+
 def test_offload_reload_round_trips_exactly(model_path):
     with Trainer(_cfg(), model_path) as tr:
         tr.step(_batch(1))
@@ -391,6 +397,8 @@ def test_bfloat16_compute_keeps_float32_master_weights(model_path):
         (dict(ppo_mini_batches=0), "ppo_mini_batches"),
         (dict(ppo_epochs=0), "ppo_epochs"),
         (dict(off_policy="vtrace"), "off_policy"),
+        (dict(lr_decay_steps=-1), "lr_decay_steps"),
+        (dict(lr_min_ratio=1.5), "lr_min_ratio"),
         (dict(behaviour_is_cap=0.0), "behaviour_is_cap"),
     ],
 )
