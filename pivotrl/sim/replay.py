@@ -51,10 +51,10 @@ from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import INFERENCE_ROLES, Role
 from pivotrl.sim.runtime import SimRuntime, SimSetup
 from pivotrl.sim.timemodel import RoleCosts
-from pivotrl.sim.workload import Prompt, SampleLengths
+from pivotrl.sim.workload import BatchedLengths, SampleLengths
 
 
-class ReplayWorkload:
+class ReplayWorkload(BatchedLengths):
     """Recorded lengths, `batches[b][p][i]` for batch b, prompt p, sample i (the sim's Workload API)."""
 
     def __init__(self, batches: list[list[list[SampleLengths]]]) -> None:
@@ -85,29 +85,10 @@ class ReplayWorkload:
                         for p in range(P)])
         return cls(out)
 
-    @property
-    def batch_samples(self) -> int:
-        return self.P * self.G
-
-    def sample_id(self, batch: int, prompt: int, index: int) -> int:
-        return batch * self.batch_samples + prompt * self.G + index
-
-    def locate(self, sample_id: int) -> tuple[int, int, int]:
-        batch, rest = divmod(int(sample_id), self.batch_samples)
-        prompt, index = divmod(rest, self.G)
-        return batch, prompt, index
-
     def batch_lengths(self, batch: int) -> list[list[SampleLengths]]:
         if not 0 <= batch < len(self.batches):
             raise IndexError(f"ReplayWorkload has batches 0..{len(self.batches) - 1}, asked for {batch}")
         return self.batches[batch]
-
-    def lengths(self, sample_id: int) -> SampleLengths:
-        b, p, i = self.locate(sample_id)
-        return self.batch_lengths(b)[p][i]
-
-    def prompts(self, batch: int) -> list[Prompt]:
-        return [Prompt(p, batch, row[0].prompt) for p, row in enumerate(self.batch_lengths(batch))]
 
 
 def _spread(total: int, n: int) -> list[int]:

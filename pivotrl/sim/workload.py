@@ -64,7 +64,40 @@ _SHARED: dict[tuple, list[SampleLengths]] = {}
 _SHARED_MAX = 200_000
 
 
-class Workload:
+class BatchedLengths:
+    """Sample ids and lookups over batches of `P` prompts x `G` samples (the interface the
+    simulator's runtime uses). Subclasses provide `batch_lengths(batch)` and set `P`, `G`."""
+
+    P: int
+    G: int
+
+    @property
+    def batch_samples(self) -> int:
+        return self.P * self.G
+
+    def sample_id(self, batch: int, prompt: int, index: int) -> int:
+        return batch * self.batch_samples + prompt * self.G + index
+
+    def locate(self, sample_id: int) -> tuple[int, int, int]:
+        """(batch, prompt, index) of a sample id."""
+        batch, rest = divmod(int(sample_id), self.batch_samples)
+        prompt, index = divmod(rest, self.G)
+        return batch, prompt, index
+
+    def batch_lengths(self, batch: int) -> list[list[SampleLengths]]:
+        """[prompt][index] lengths of one batch."""
+        raise NotImplementedError
+
+    def lengths(self, sample_id: int) -> SampleLengths:
+        b, p, i = self.locate(sample_id)
+        return self.batch_lengths(b)[p][i]
+
+    def prompts(self, batch: int) -> list[Prompt]:
+        """The prompts of a batch, as the controller's prompt source."""
+        return [Prompt(p, batch, row[0].prompt) for p, row in enumerate(self.batch_lengths(batch))]
+
+
+class Workload(BatchedLengths):
     """Deterministic lengths for batches of `prompts_per_step` prompts x `group_size` responses."""
 
     def __init__(self, wl: WorkloadConfig, seed: int, prompts_per_step: int, group_size: int,
@@ -81,20 +114,6 @@ class Workload:
         self.step_offset = int(step_offset)
         self._cache: dict[int, list[list[SampleLengths]]] = {}
         self._key = (repr(wl), self.seed, self.G, self.step_offset)
-
-    # -- ids -------------------------------------------------------------------------------
-    @property
-    def batch_samples(self) -> int:
-        return self.P * self.G
-
-    def sample_id(self, batch: int, prompt: int, index: int) -> int:
-        return batch * self.batch_samples + prompt * self.G + index
-
-    def locate(self, sample_id: int) -> tuple[int, int, int]:
-        """(batch, prompt, index) of a sample id."""
-        batch, rest = divmod(int(sample_id), self.batch_samples)
-        prompt, index = divmod(rest, self.G)
-        return batch, prompt, index
 
     # -- lengths ---------------------------------------------------------------------------
     def response_median(self, batch: int) -> float:
@@ -147,11 +166,3 @@ class Workload:
             for old in [b for b in self._cache if b < batch - 8]:
                 del self._cache[old]
         return self._cache[batch]
-
-    def lengths(self, sample_id: int) -> SampleLengths:
-        b, p, i = self.locate(sample_id)
-        return self.batch_lengths(b)[p][i]
-
-    def prompts(self, batch: int) -> list[Prompt]:
-        """The prompts of a batch, as the controller's prompt source."""
-        return [Prompt(p, batch, row[0].prompt) for p, row in enumerate(self.batch_lengths(batch))]
