@@ -81,8 +81,9 @@ class ThroughputModel:
         """dT of adding one sequence of `length` cached tokens to a replica at (N, K)."""
         return self.throughput(n + 1, k + length) - self.throughput(n, k)
 
-    def prefill_time(self, tokens: int) -> float:
-        """Seconds to prefill `tokens` tokens (a new prompt, or a re-prefill after migration)."""
+    def prefill_time(self, tokens: float) -> float:
+        """Seconds to prefill `tokens` tokens (a new prompt, or a re-prefill after migration; a
+        fractional count is a per-sequence share of a batched prefill)."""
         if tokens <= 0:
             return 0.0
         return self.P0 + self.P1 * tokens + self.P2 * tokens * tokens

@@ -149,13 +149,8 @@ def fit_delivered(iters: list[tuple[int, int, float]], prefills: list[tuple[floa
     pred = sum(model.iter_time(n, k) for n, k, _ in iters)
     meas = sum(t for _, _, t in iters)
     dec = meas / pred if pred > 0 and meas > 0 else 1.0
-    ppred = sum(_prefill(model, L) for L, _ in prefills)
+    ppred = sum(model.prefill_time(L) for L, _ in prefills)
     pmeas = sum(t for _, t in prefills)
     pre = pmeas / ppred if ppred > 0 and pmeas > 0 else 1.0
     return dataclasses.replace(model, A=model.A * dec, B=model.B * dec, C=model.C * dec, D=model.D * dec,
                                P0=model.P0 * pre, P1=model.P1 * pre, P2=model.P2 * pre)
-
-
-def _prefill(model: ThroughputModel, tokens: float) -> float:
-    """`model.prefill_time` at a fractional token count (per-sequence shares need not be whole)."""
-    return model.P0 + model.P1 * tokens + model.P2 * tokens * tokens if tokens > 0 else 0.0
