@@ -84,6 +84,15 @@ def plt():
     return pyplot
 
 
+def save_figure(fig, png_path: Path, dpi: int = 120) -> Path:
+    """Lay out, write and close `fig` (items draw several figures in one process)."""
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=dpi)
+    plt().close(fig)
+    print(f"wrote {png_path}")
+    return png_path
+
+
 def item_main(item: str, doc: str, collect, plot, argv=None) -> int:
     """The usual item entry: `collect(out, quick) -> rows` into `<item>.csv` (unless
     --plot-only), then `plot(csv, png)`."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from artifact.common import item_main, plt, read_csv, read_jsonl, run_one
+from artifact.common import item_main, plt, read_csv, read_jsonl, run_one, save_figure
 
 MODES = ["disaggregated", "pivot"]
 QUICK = ["experiment=quick", "models.sim.prompts_per_step=16", "models.sim.group_size=4",
@@ -119,9 +119,7 @@ def plot(csv_path: Path, png_path: Path) -> None:
     axes[0].legend(fontsize=7, ncol=2, loc="upper right")
     axes[2].legend(fontsize=7, loc="upper right")
     axes[0].set_title("Throughput over time, pivot vs disaggregated (shaded: pivot training; dashed: pivot step ends)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=110)
-    print(f"wrote {png_path}")
+    save_figure(fig, png_path, dpi=110)
 
 
 def main(argv=None) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from artifact.common import item_main, plt, read_csv, run_one
+from artifact.common import item_main, plt, read_csv, run_one, save_figure
 
 VARIANTS = [  # (label, overrides)
     ("static", ["deploy.planner.strategy=static"]),
@@ -43,9 +43,7 @@ def plot(csv_path, png_path) -> None:
         ax.set_title(g, fontsize=9)
         ax.set_ylabel("tokens / s")
     fig.suptitle("Shift strategies and components (x = over static)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
-    print(f"wrote {png_path}")
+    save_figure(fig, png_path)
 
 
 def main(argv=None) -> int:

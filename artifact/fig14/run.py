@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from artifact.common import item_main, plt, read_csv, run_one
+from artifact.common import item_main, plt, read_csv, run_one, save_figure
 
 HORIZONS = [0.01, 5, 30, 60, 90, 120, 600]
 
@@ -34,9 +34,7 @@ def plot(csv_path, png_path) -> None:
     ax2.plot(xs, [float(r["shifts_per_step"]) for r in rows], "o-", color="#c33")
     ax2.set_ylabel("shifts per step", color="#c33")
     ax.set_title("Sensitivity to H")
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
-    print(f"wrote {png_path}")
+    save_figure(fig, png_path)
 
 
 def main(argv=None) -> int:

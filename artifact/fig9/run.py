@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from artifact.common import MODEL_GROUPS, MODES, item_main, plt, read_csv, run_one
+from artifact.common import MODEL_GROUPS, MODES, item_main, plt, read_csv, run_one, save_figure
 
 
 def collect(out, quick: bool) -> list[dict]:
@@ -48,9 +48,7 @@ def plot(csv_path, png_path) -> None:
     ax.set_ylabel("tokens / s")
     ax.set_title("End-to-end throughput; xN = pivot / that mode", fontsize=10)
     ax.legend(fontsize=8, ncol=len(MODES), loc="upper center", bbox_to_anchor=(0.5, -0.12))
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
-    print(f"wrote {png_path}")
+    save_figure(fig, png_path)
 
 
 def main(argv=None) -> int:

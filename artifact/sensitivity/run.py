@@ -25,7 +25,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from artifact.common import item_parser, plt, read_csv, read_jsonl, run_one, write_csv
+from artifact.common import item_parser, plt, read_csv, read_jsonl, run_one, save_figure, write_csv
 
 MODES = ["colocated", "disaggregated", "pivot"]
 # (parameter, default, values, override template)
@@ -161,9 +161,7 @@ def plot(csv_path: Path, png_path: Path) -> None:
                       [f"{r['models']}\n{r['parameter']}" for r in rows], fontsize=7)
         ax.set_ylabel("throughput (K tokens/s)")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(png_path, dpi=120)
-        print(f"wrote {png_path}")
+        save_figure(fig, png_path)
         return
     fig, axes = p.subplots(2, max(len(params), 1), figsize=(3.2 * max(len(params), 1) + 0.6, 6.2),
                            squeeze=False)
@@ -197,9 +195,7 @@ def plot(csv_path: Path, png_path: Path) -> None:
     axes[0][0].legend(fontsize=6)
     axes[1][0].legend(fontsize=6)
     fig.suptitle("Sensitivity to the estimated (E) constants, one at a time", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
-    print(f"wrote {png_path}")
+    save_figure(fig, png_path)
 
 
 def main(argv=None) -> int:

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from artifact.common import ROOT, compose, item_parser, plt, read_csv, write_csv
+from artifact.common import ROOT, compose, item_parser, plt, read_csv, save_figure, write_csv
 
 
 def VARIANTS(slowdown: float, slowdown_cores: float, cores: int) -> list[tuple[str, str, float, int | None]]:
@@ -173,10 +173,7 @@ def plot(csv_path: Path, png_path: Path) -> None:
         ax.set_ylabel("step time, s")
         ax.legend(fontsize=7)
     fig.suptitle("Simulator replay vs real cluster=local run: step times", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=110)
-    p.close(fig)
-    print(f"wrote {png_path}")
+    save_figure(fig, png_path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from artifact.common import item_main, plt, read_csv
+from artifact.common import item_main, plt, read_csv, save_figure
 
 STEPS = ("role", "pairs", "dp", "evaluate", "select")
 DEVICES = [16, 32, 64, 128, 256, 512, 1024]
@@ -44,9 +44,7 @@ def plot(csv_path, png_path) -> None:
         ax.set_title(sc, fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle("Planner time by step (paper: 0.31-2.95 s at 16-128 GPUs)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
-    print(f"wrote {png_path}")
+    save_figure(fig, png_path)
 
 
 def main(argv=None) -> int:
