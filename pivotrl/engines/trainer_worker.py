@@ -224,7 +224,7 @@ class TrainerWorker:
             prox = self._all_log_probs(batch)
             is_weights = [np.minimum(np.exp(np.asarray(p, dtype=np.float64) - np.asarray(b, dtype=np.float64)),
                                      cfg.behaviour_is_cap) for p, b in zip(prox, batch.old_log_probs)]
-            w = np.concatenate([is_weights[i] for i in fresh]) if n_tok else np.zeros(0)
+            w = np.concatenate([is_weights[i] for i in fresh])  # n_tok > 0 was checked above
             metrics["behaviour_is_mean"] = float(w.mean())
             metrics["behaviour_is_truncated"] = float((w >= cfg.behaviour_is_cap).mean())
             batch = batch.with_old_log_probs(prox)
