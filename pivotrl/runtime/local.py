@@ -21,10 +21,10 @@ Decisions:
 - Behaviour log-probs travel with the tokens. Every token the driver keeps for a sequence (poll
   deltas, abort results, completions) is a `protocol.TokensSoFar` carrying the engine's log-prob
   of each token under the distribution it was sampled from; a resume hands them back to the next
-  engine, and a rollout's completed list becomes its `TrainBatch.old_log_probs`. So PPO's
-  importance ratio is pi_current / pi_behaviour and clipping corrects for staleness (before this,
-  stale samples were trained as on-policy, ratio 1, and with staleness 2 the tiny policy
-  degraded). A sample whose log-probs are unknown (a resume from tokens without them) makes its
+  engine, and a rollout's completed list becomes its `TrainBatch.old_log_probs`, with which the
+  trainer corrects for staleness (`runtime.off_policy`, `TrainerConfig.off_policy`: decoupled PPO
+  by default; before behaviour log-probs reached the trainer, stale samples were trained as
+  on-policy and with staleness 2 the tiny policy degraded). A sample whose log-probs are unknown (a resume from tokens without them) makes its
   batch fall back to the trainer's recomputed ones (ratio 1), counted as `logprobs_missing`.
 """
 from __future__ import annotations
@@ -459,8 +459,10 @@ class LocalRuntime:
             "genrm_parse_failures": sum(1 for r in rw if not r.genrm_ok),
             "loss": tm.get("loss"), "grad_norm": tm.get("grad_norm"),
             "samples_rejected_stale": tm.get("samples_rejected_stale"),
-            # importance ratio vs the behaviour log-probs: how far off-policy the batch was
+            # PPO ratio vs the clip reference (the behaviour policy, or with decoupled PPO the
+            # step's proximal policy); behaviour_is_*: how far off-policy the batch was (decoupled)
             "ratio_mean": tm.get("ratio_mean"), "clipfrac": tm.get("clipfrac"), "approx_kl": tm.get("approx_kl"),
+            "behaviour_is_mean": tm.get("behaviour_is_mean"), "behaviour_is_truncated": tm.get("behaviour_is_truncated"),
             "tau_shift": {r.value: v for r, v in self.ex.tau_shift.items()},
             "role_state": {r.value: vars(self.monitor.state(r, self.ctrl.sched[r])) for r in INFERENCE_ROLES},
             "driver_s": dict(self.driver_s),

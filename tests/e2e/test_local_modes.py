@@ -42,6 +42,9 @@ def test_mode_trains_two_steps(ray_session, tiny_assets, tmp_path, mode):
     # behaviour log-probs reached every batch: the first step is on-policy, so its ratio is 1
     assert summary["batches_without_behaviour_logprobs"] == 0
     assert rows[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-3)
+    # decoupled PPO (the runtime's default): the on-policy batch's importance weight to the
+    # behaviour policy is 1 (engine and trainer log-probs agree)
+    assert rows[0]["behaviour_is_mean"] == pytest.approx(1.0, abs=1e-3)
     timings = [r for r in _timeline(tmp_path) if r["kind"] == "shift_timing"]
     assert timings and all(t["up_s"] >= 0 and t["down_s"] >= 0 for t in timings)
     assert any(d["direction"] == "up" and d["role"] == "rollout" for t in timings for d in t["devices"])
