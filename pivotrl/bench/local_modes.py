@@ -85,12 +85,28 @@ def run_mode(mode: str, run_dir: Path, steps: int | None, extra: list[str], time
     return row
 
 
+def accuracy_series(rows: list[dict[str, Any]]) -> list[tuple[str, list[int], list[float], str]]:
+    """(label, steps, accuracies, style) per curve of the accuracy figure: each mode's batch
+    accuracy per step ("batch", steps 1..n), and its held-out accuracy before and after ("held-out",
+    steps 0 and n) when both are known. Modes that failed (no per-step accuracy) are left out."""
+    out = []
+    for r in rows:
+        acc = r.get("train_accuracy") or []
+        if not acc:
+            continue
+        out.append((f"{r['mode']} (batch accuracy)", list(range(1, len(acc) + 1)), list(acc), "batch"))
+        if r.get("val_acc_before") is not None and r.get("val_acc_after") is not None:
+            out.append((f"{r['mode']} (held-out before/after)", [0, len(acc)],
+                        [r["val_acc_before"], r["val_acc_after"]], "held-out"))
+    return out
+
+
 def plot_accuracy(rows: list[dict[str, Any]], path: Path) -> Path | None:
-    """Accuracy per step of every mode on one figure: the rollout samples' accuracy per training
-    batch (solid) and the held-out accuracy before and after (markers at step 0 and the last step).
-    Same seed and data, so the curves should agree within sampling noise (one batch: 64 prompts)."""
-    ok = [r for r in rows if r.get("train_accuracy")]
-    if not ok:
+    """Accuracy per step of every mode on one figure (`accuracy_series`: batch accuracy solid,
+    held-out before/after as dashed markers in the mode's colour). Same seed and data, so the
+    curves should agree within sampling noise (one batch: 64 prompts). None when no mode ran."""
+    series = accuracy_series(rows)
+    if not series:
         return None
     import matplotlib
 
@@ -98,12 +114,12 @@ def plot_accuracy(rows: list[dict[str, Any]], path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for r in ok:
-        acc = r["train_accuracy"]
-        line, = ax.plot(range(1, len(acc) + 1), acc, label=f"{r['mode']} (batch accuracy)", lw=1.4)
-        if r.get("val_acc_before") is not None and r.get("val_acc_after") is not None:
-            ax.plot([0, len(acc)], [r["val_acc_before"], r["val_acc_after"]], "o--", color=line.get_color(),
-                    alpha=0.6, lw=0.8, label=f"{r['mode']} (held-out before/after)")
+    color = None
+    for label, xs, ys, style in series:
+        if style == "batch":
+            color = ax.plot(xs, ys, label=label, lw=1.4)[0].get_color()
+        else:
+            ax.plot(xs, ys, "o--", color=color, alpha=0.6, lw=0.8, label=label)
     ax.set_xlabel("step (policy version trained)")
     ax.set_ylabel("accuracy (sampled, T = rollout temperature)")
     ax.set_title("accuracy per step, same seed, cluster=local models=tiny", fontsize=9)
