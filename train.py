@@ -1,11 +1,15 @@
 """PivotRL entry point: `python train.py deploy=pivot models=qwen7b_qwen30b cluster=sim`.
 
-Composes `conf/`, converts once into the typed `PivotConfig`, and hands it to `pivotrl.run`.
+Composes `conf/`, converts once into the typed `PivotConfig` (`pivotrl.config.load`), and hands it
+to `pivotrl.run`. Renamed keys on the command line fail before Hydra composes, naming the new key.
 """
-import hydra
-from omegaconf import DictConfig, OmegaConf
+import sys
 
-from pivotrl.config import PivotConfig, register_configs
+import hydra
+from omegaconf import DictConfig
+
+from pivotrl.config import PivotConfig, load, register_configs
+from pivotrl.config.loader import check_overrides
 
 register_configs()
 
@@ -14,10 +18,11 @@ register_configs()
 def main(dcfg: DictConfig) -> float | None:
     from pivotrl.run import run
 
-    cfg: PivotConfig = OmegaConf.to_object(dcfg)  # type: ignore[assignment]
+    cfg: PivotConfig = load(dcfg)
     summary = run(cfg)
     return summary.get("throughput_tokens_per_s")
 
 
 if __name__ == "__main__":
+    check_overrides([a for a in sys.argv[1:] if not a.startswith("-")])
     main()

@@ -16,6 +16,7 @@ RUNTIMES: dict[str, str] = {
     "sim": "pivotrl.sim.runtime:run_sim",
     "local": "pivotrl.runtime.local:run_local",
     "ray": "pivotrl.runtime.ray_cluster:run_ray",
+    "inproc": "pivotrl.runtime.inproc:run_inproc",
 }
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from artifact.common import item_main, plt, read_csv, read_jsonl, run_one, save_figure
 
 MODES = ["disaggregated", "pivot"]
-QUICK = ["experiment=quick", "models.sim.prompts_per_step=16", "models.sim.group_size=4",
+QUICK = ["experiment=quick", "train.prompts_per_step=16", "train.group_size=4",
          "models.sim.sweep_units=4", "models.sim.throughput_sample_s=1"]
 COLORS = {"disaggregated": "#37c", "pivot": "#d52"}
 ALLOC_COLORS = {"rollout": "#e9a", "reward": "#9c6", "train": "#fc6", "free": "#ddd"}

@@ -46,7 +46,7 @@ SWEPT_HOME_AT = {"default"} | {c[0] for c in CORNERS}
 QUICK_PARAMS = [("train_mfu", 0.35, [0.5], "cluster.hardware.mfu={v}"),
                 ("staleness", 2, [1], "deploy.staleness={v}")]
 # kick the tires: 8 devices, 3 steps, a small batch (models.sim.* wins over train.* in the sim)
-QUICK_BASE = ["experiment=quick", "models.sim.prompts_per_step=16", "models.sim.group_size=4",
+QUICK_BASE = ["experiment=quick", "train.prompts_per_step=16", "train.group_size=4",
               "models.sim.sweep_units=4"]
 
 

@@ -48,13 +48,13 @@ def run_config(run_dir: Path) -> dict[str, Any]:
 def initial_allocation(rc: dict[str, Any], mode: str, n: int) -> dict:
     """The allocation the real run's controller started from: `deploy.allocation` or the local
     runtime's own default (imported, not copied)."""
+    from pivotrl.config.resolve import default_allocation
     from pivotrl.core.types import Role
-    from pivotrl.runtime.local_setup import default_allocation
 
     a = rc["deploy"].get("allocation") or {}
     if any(v for v in a.values()):
         return {Role(k): int(v or 0) for k, v in a.items()}
-    return default_allocation(mode, n)
+    return {Role(k): v for k, v in default_allocation(mode, n).items()}
 
 
 def prepare(run_dir: Path, train_time: str = "median") -> tuple[Any, Any, Any, dict[str, Any]]:
@@ -65,12 +65,14 @@ def prepare(run_dir: Path, train_time: str = "median") -> tuple[Any, Any, Any, d
     rc = run_config(run_dir)
     mode = rc["deploy"]["mode"]
     n = int(rec.summary["devices"])
-    kv = int(rc["cluster"]["runtime"]["engine"]["kv_capacity_tokens"])
+    # run folders from before the config redesign kept the engine under cluster.runtime
+    engine = rc["engine"] if "engine" in rc else rc["cluster"]["runtime"]["engine"]
+    kv = int(engine["kv_capacity_tokens"])
     consts = constants_from_run(rec, kv, initial_allocation(rc, mode, n), train_time)
     over = ["cluster=sim", "models=tiny", f"deploy={mode}", f"seed={rc['seed']}",
             f"deploy.staleness={rc['deploy']['staleness']}", "logging.wandb_mode=disabled",
             "logging.progress=false", f"train.prompts_per_step={rec.P}", f"train.group_size={rec.G}"]
-    over += [f"deploy.planner.{k}={v}" for k, v in rc["deploy"]["planner"].items() if v is not None]
+    over += [f"deploy.planner.{k}={v}" for k, v in (rc["deploy"].get("planner") or {}).items() if v is not None]
     return rec, consts, compose(over), rc
 
 

@@ -1,42 +1,58 @@
 """Typed configuration: one dataclass per Hydra group, registered in Hydra's ConfigStore.
 
-`train.py` composes `conf/`, converts once with `OmegaConf.to_object` into `PivotConfig`, and library
-code only ever sees these dataclasses. Single-field checks live in each dataclass's `__post_init__`;
-cross-field checks (devices add up, tp divides the device counts) live in `PivotConfig.__post_init__`.
-Every error names the field and what is allowed.
+Groups say what they configure: `deploy` (mode, allocation, planner), `models` (policy, GenRM,
+tiny bootstrap, simulator constants), `cluster` (runtime, devices, launch, GPS), `train` (the RL
+loop: steps, batch, resume), `algo` (the GRPO trainer: the one place its settings live), `data`
+(prompts, held-out set, lengths), `reward`, `engine` (inference engines), `logging`.
+
+`train.py` composes `conf/` and calls `load(dcfg)` once: it refuses keys no dataclass declares
+(also `+key` additions) and non-finite numbers, converts into `PivotConfig`, and names the full
+path of the first bad value. Library code only ever sees these dataclasses; derived values come
+from `resolve(cfg)` (`pivotrl.config.resolve`). This package imports no omegaconf or Hydra at
+import time, so the pure control plane may import its dataclasses.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import MISSING
-
+from pivotrl.config.base import MISSING, ConfigError
 from pivotrl.config.cluster import ClusterConfig, ClusterKind, HardwareProfile
-from pivotrl.config.deploy import Allocation, DeployConfig, DeployMode
+from pivotrl.config.deploy import DEPLOY_SCHEMAS, Allocation, DeployConfig, DeployMode
+from pivotrl.config.engine import EngineConfig
 from pivotrl.config.models import LengthDist, ModelsConfig, ModelSpec, WorkloadConfig
 from pivotrl.config.planner import PlannerConfig
+from pivotrl.config.rl import DataConfig, RewardConfig
 from pivotrl.config.run import LoggingConfig, TrainConfig
+from pivotrl.config.trainer import TrainerConfig
 from pivotrl.config.validate import validate_cross_fields
 
 
 @dataclass
 class PivotConfig:
-    """The whole run. Groups: deploy, models, cluster (+ experiment overlays)."""
+    """The whole run."""
 
     defaults: list[Any] = field(default_factory=lambda: ["_self_"])
     deploy: DeployConfig = MISSING
-    """Deployment mode, allocation and planner."""
+    """Deployment mode, allocation and (pivot) planner."""
     models: ModelsConfig = MISSING
     """Policy and GenRM."""
     cluster: ClusterConfig = MISSING
-    """Runtime and devices."""
+    """Runtime, devices, launch settings, GPS."""
     train: TrainConfig = field(default_factory=TrainConfig)
-    """RL loop: steps, batch, group size, resume."""
+    """RL loop: steps, batch, group size, resume, checkpoints."""
+    algo: TrainerConfig = field(default_factory=TrainerConfig)
+    """The GRPO trainer: optimizer, loss, PPO mini-batches, off-policy correction."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Prompts, held-out set, prompt and response length caps."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """R = w_v * R_verifiable + w_g * R_genrm, and the GenRM's parsing and sampling."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """Every inference replica's engine (rollout and reward), real runtimes."""
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     """Run outputs: wandb mode/project, progress bars."""
     seed: int = 0
-    """Seed for data, workload and sampling. Every mode sees the same samples for a seed."""
+    """Seed of the run: sampling, trainer, simulated workload. Every mode sees the same samples."""
 
     def __post_init__(self) -> None:
         validate_cross_fields(self)
@@ -48,13 +64,30 @@ def register_configs() -> None:
 
     cs = ConfigStore.instance()
     cs.store(name="pivot_schema", node=PivotConfig)
-    cs.store(group="deploy", name="deploy_schema", node=DeployConfig)
+    for mode, schema in DEPLOY_SCHEMAS.items():
+        cs.store(group="deploy", name=f"{mode}_schema", node=schema)
     cs.store(group="models", name="models_schema", node=ModelsConfig)
     cs.store(group="cluster", name="cluster_schema", node=ClusterConfig)
 
 
+def load(dcfg: Any) -> PivotConfig:
+    """Convert a composed config into `PivotConfig`; the first bad value raises `ConfigError`
+    with its full path (see `pivotrl.config.loader`)."""
+    from pivotrl.config.loader import to_config
+
+    return to_config(dcfg)
+
+
+def compose_config(overrides: list[str] = (), config_dir: str | None = None) -> PivotConfig:
+    """Compose `conf/` with Hydra's overrides and `load` it (tests and library use)."""
+    from pivotrl.config.loader import compose
+
+    return compose(list(overrides), config_dir)
+
+
 __all__ = [
-    "Allocation", "ClusterConfig", "ClusterKind", "DeployConfig", "DeployMode", "HardwareProfile",
-    "LengthDist", "LoggingConfig", "ModelSpec", "ModelsConfig", "PivotConfig", "PlannerConfig",
-    "TrainConfig", "WorkloadConfig", "register_configs",
+    "Allocation", "ClusterConfig", "ClusterKind", "ConfigError", "DataConfig", "DeployConfig", "DeployMode",
+    "EngineConfig", "HardwareProfile", "LengthDist", "LoggingConfig", "ModelSpec", "ModelsConfig", "PivotConfig",
+    "PlannerConfig", "RewardConfig", "TrainConfig", "TrainerConfig", "WorkloadConfig", "compose_config", "load",
+    "register_configs",
 ]

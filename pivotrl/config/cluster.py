@@ -1,20 +1,25 @@
-"""Schema of the `cluster` group: which runtime runs the control plane, on how many devices.
+"""Schema of the `cluster` group: which runtime runs the control plane, on how many devices, and
+how the real runtimes launch and watch those devices.
 
-`kind` picks the runtime (`local` Ray actors on this machine, `ray` GPUs of a Ray cluster, `sim` the
-discrete-event simulator). The hardware profile is what the simulator's time model reads.
+`kind` picks the runtime (`local` Ray actors on this machine, `ray` GPUs of a Ray cluster, `sim`
+the discrete-event simulator, `inproc` the synchronous loop in one process). The hardware profile
+is what the simulator's time model reads; the launch settings (`poll_s` ... `gps`) are read by the
+real runtimes only. What runs on the devices is configured elsewhere: `engine`, `algo`, `reward`.
 """
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
 
-from pivotrl.config.runtime import RuntimeConfig
+from pivotrl.config.base import check, finite
+from pivotrl.config.gps import GPSConfig
 
 
 class ClusterKind(str, enum.Enum):
     local = "local"
     ray = "ray"
     sim = "sim"
+    inproc = "inproc"
 
 
 @dataclass
@@ -46,13 +51,20 @@ class HardwareProfile:
     mfu: float = 0.35
     """Training model-FLOPs utilisation."""
 
+    def __post_init__(self) -> None:
+        for name in ("peak_flops", "bw_weights", "bw_kv", "flops_dense", "flops_moe", "d0", "t_allreduce",
+                     "hbm_bytes", "host_to_device_bw", "inter_node_bw", "mfu"):
+            v = getattr(self, name)
+            check(finite(v) and v > 0, name, "a finite number > 0", v)
+        check(self.mfu <= 1, "mfu", "in (0, 1]", self.mfu)
+
 
 @dataclass
 class ClusterConfig:
     """The `cluster` group."""
 
     kind: ClusterKind = ClusterKind.sim
-    """Runtime: local | ray | sim."""
+    """Runtime: local | ray | sim | inproc."""
     num_devices: int | None = None
     """Total devices (GPUs on ray/sim, virtual devices on local); null = the model group's `devices`."""
     node_size: int = 8
@@ -60,14 +72,35 @@ class ClusterConfig:
     hardware: HardwareProfile = field(default_factory=HardwareProfile)
     """Accelerator profile (sim time model)."""
     address: str | None = None
-    """Ray cluster address for `ray` (`auto` to join a running cluster); ignored elsewhere."""
+    """Ray cluster address for `ray` (`host:port` of a running head); ignored elsewhere."""
+    accelerator: str | None = None
+    """What a device is on the real runtimes: `cpu` (gloo, CPU engines) or `cuda` (NCCL, GPUs);
+    null = cpu on `local`, cuda on `ray`."""
     threads_per_device: int = 1
     """CPU threads per virtual device actor (`local`)."""
-    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
-    """Engines, trainer and bootstrap settings of the real runtimes (`local`, `ray`); unused by `sim`."""
+    poll_s: float = 0.05
+    """Real runtimes: longest a device poll waits for a completion before returning its progress."""
+    fit_every_s: float = 5.0
+    """Real runtimes: refit each role's throughput model from engine samples this often (seconds)."""
+    tau_shift_prior_s: float = 1.0
+    """Real runtimes: `tau_shift` (seconds, up + down) before any shift was measured."""
+    max_wall_s: float | None = None
+    """Real runtimes: stop with an error after this many seconds; null = no wall limit (a run with
+    no work in flight stops with a stall error anyway)."""
+    gps: GPSConfig = field(default_factory=GPSConfig)
+    """Global Parameter Storage: memory budget, links, transport (real runtimes)."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.num_devices, int) and self.num_devices < 1:
-            raise ValueError(f"cluster.num_devices must be >= 1 (an empty cluster cannot run), got {self.num_devices}")
-        if isinstance(self.node_size, int) and self.node_size < 1:
-            raise ValueError(f"cluster.node_size must be >= 1, got {self.node_size}")
+        check(self.num_devices is None or (isinstance(self.num_devices, int) and self.num_devices >= 1),
+              "num_devices", "null or an int >= 1 (an empty cluster cannot run)", self.num_devices)
+        check(isinstance(self.node_size, int) and self.node_size >= 1, "node_size", "an int >= 1", self.node_size)
+        check(self.accelerator in (None, "cpu", "cuda"), "accelerator", "null, cpu or cuda", self.accelerator)
+        check(isinstance(self.threads_per_device, int) and self.threads_per_device >= 1, "threads_per_device",
+              "an int >= 1", self.threads_per_device)
+        for name in ("poll_s", "fit_every_s"):
+            check(finite(getattr(self, name)) and getattr(self, name) > 0, name, "a finite number > 0",
+                  getattr(self, name))
+        check(finite(self.tau_shift_prior_s) and self.tau_shift_prior_s >= 0, "tau_shift_prior_s",
+              "a finite number >= 0", self.tau_shift_prior_s)
+        check(self.max_wall_s is None or (finite(self.max_wall_s) and self.max_wall_s > 0), "max_wall_s",
+              "null or a finite number > 0", self.max_wall_s)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from omegaconf import MISSING
-
+from pivotrl.config.base import MISSING, check
+from pivotrl.config.rl import BootstrapConfig
 from pivotrl.config.sim import PaperAllocation, SimConfig
 
 
@@ -24,7 +24,8 @@ class ModelSpec:
     name: str = MISSING
     """Human-readable model name, e.g. `Qwen2.5-7B`."""
     hf_path: str | None = None
-    """Hugging Face model folder for real runtimes; `null` for `tiny` means 'bootstrap it'."""
+    """Hugging Face checkpoint of the real runtimes: a local folder or a Hub id found in the local
+    Hugging Face cache; `null` (tiny only) means 'bootstrap it' (`models.bootstrap`)."""
     params_total: float = MISSING
     """Total parameters (all experts for MoE)."""
     params_active: float = MISSING
@@ -56,8 +57,7 @@ class ModelSpec:
     """Training shift down, seconds (paper Fig. 12: under 6 s). Policy only."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.tp, int) and not _power_of_two(self.tp):
-            raise ValueError(f"models.*.tp must be a power of two (1, 2, 4, 8, ...), got {self.tp}")
+        check(isinstance(self.tp, int) and _power_of_two(self.tp), "tp", "a power of two (1, 2, 4, 8, ...)", self.tp)
 
     @property
     def weight_bytes(self) -> float:
@@ -113,7 +113,12 @@ class ModelsConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     """Length distributions for the simulator."""
     sim: SimConfig = field(default_factory=SimConfig)
-    """Simulator settings: batch, cost models, allocation sweep, paper Table 4 allocations."""
+    """Simulator settings: cost models, allocation sweep, paper Table 4 allocations."""
+    bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
+    """SFT bootstrap of the tiny models; used only when both `hf_path`s are null."""
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.devices, int) and self.devices >= 1, "devices", "an int >= 1", self.devices)
 
 
 __all__ = ["LengthDist", "ModelSpec", "ModelsConfig", "PaperAllocation", "SimConfig", "WorkloadConfig"]

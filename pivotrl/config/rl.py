@@ -1,8 +1,9 @@
-"""Schemas of the tiny real task: data, rewards, tiny model dimensions and their SFT bootstrap.
+"""Schemas of the `data` and `reward` groups, and of the tiny models and their SFT bootstrap
+(`models.bootstrap`).
 
-Owns: `DataConfig`, `RewardConfig`, `TinyModelConfig`, `BootstrapConfig` and `SyncLoopConfig`
-(pure dataclasses, a docstring per field, validated in `__post_init__`). Imports no torch, so
-`pivotrl.models.tiny` and `pivotrl.models.bootstrap` import these, not the other way round.
+Owns: `DataConfig`, `RewardConfig`, `TinyModelConfig`, `BootstrapConfig` (pure dataclasses, a
+docstring per field, validated in `__post_init__` without changing any value). Imports no torch,
+so `pivotrl.models.tiny` and `pivotrl.models.bootstrap` import these, not the other way round.
 """
 from __future__ import annotations
 
@@ -10,46 +11,57 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pivotrl.config.base import check, finite
+
 _DTYPES = ("float32", "bfloat16", "float16")
 _EXTRACTORS = ("strict", "flexible")
 
 
 @dataclass
 class DataConfig:
-    """RL prompts: synthetic arithmetic word problems, or the user's verl-format parquet."""
+    """The `data` group: RL prompts (synthetic arithmetic word problems, or the user's verl-format
+    parquet), held-out evaluation, and the policy's length caps."""
 
     train_path: str | None = None
-    """verl-format train parquet; null: generate the synthetic task into the cache."""
+    """verl-format train parquet; null: the synthetic task (generated into the bootstrap cache;
+    only with the tiny models: a real checkpoint needs real data)."""
     val_path: str | None = None
-    """verl-format validation parquet; null: generate the synthetic task into the cache."""
+    """verl-format validation parquet; null: the synthetic task (as `train_path`)."""
     num_train: int = 4000
-    """Synthetic train prompts (ignored when `train_path` is set)."""
-    num_val: int = 200
-    """Synthetic validation prompts (ignored when `val_path` is set)."""
+    """Synthetic train prompts (the synthetic task only)."""
+    val_size: int = 200
+    """Held-out prompts: the synthetic task generates this many, and at most this many rows of
+    `val_path` are evaluated (`val_accuracy_before/after`, and the bootstrap's report)."""
+    val_samples: int = 2
+    """Sampled responses per held-out prompt: `val_accuracy_*` is their accuracy at the rollout
+    temperature (greedy accuracy is reported beside it as `val_accuracy_greedy_*`)."""
     seed: int = 0
-    """Seed of the synthetic generator (train and val use separate streams)."""
+    """Seed of the synthetic generator (train and val use separate streams); part of the data's
+    identity and of the bootstrap cache key, not the run's sampling seed (top-level `seed`)."""
     min_operand: int = 0
     """Smallest operand of a synthetic problem."""
     max_operand: int = 9
     """Largest operand of a synthetic problem (small keeps the task learnable by a tiny model)."""
-    ops: tuple[str, ...] = ("+", "-")
+    ops: list[str] = field(default_factory=lambda: ["+", "-"])
     """Operators of the synthetic problems: any of '+', '-'."""
     max_prompt_length: int = 128
-    """Longest prompt in tokens (characters) after the chat template; longer prompts are an error."""
+    """Longest prompt in tokens after the chat template; longer prompts are an error."""
     max_response_length: int = 24
-    """Most tokens the policy may generate per response."""
+    """Most tokens the policy may generate per response (the one response cap of the run)."""
 
     def __post_init__(self) -> None:
-        for name in ("num_train", "num_val", "max_prompt_length", "max_response_length"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"data.{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.min_operand <= self.max_operand:
-            raise ValueError(f"data.min_operand/max_operand need 0 <= min <= max, got "
-                             f"{self.min_operand}, {self.max_operand}")
-        self.ops = tuple(self.ops)
-        bad = [o for o in self.ops if o not in ("+", "-")]
-        if bad or not self.ops:
-            raise ValueError(f"data.ops {list(self.ops)!r}: each must be one of ['+', '-']")
+        for name in ("num_train", "val_size", "val_samples", "max_prompt_length", "max_response_length"):
+            v = getattr(self, name)
+            check(isinstance(v, int) and v >= 1, name, "an int >= 1", v)
+        check(0 <= self.min_operand <= self.max_operand, "min_operand", f"0 <= min_operand <= max_operand "
+              f"({self.max_operand})", self.min_operand)
+        ops = list(self.ops)
+        check(bool(ops) and all(o in ("+", "-") for o in ops), "ops", "a non-empty list of '+', '-'", ops)
+
+    def synthetic(self) -> dict:
+        """The fields that define the synthetic task (its cache identity)."""
+        return {k: getattr(self, k) for k in ("num_train", "val_size", "seed", "min_operand", "max_operand")} | {
+            "ops": list(self.ops)}
 
 
 @dataclass
@@ -76,9 +88,9 @@ class RewardConfig:
         self.validate()
 
     def validate(self) -> None:
-        if self.verifiable_weight < 0 or self.genrm_weight < 0:
-            raise ValueError(f"reward.verifiable_weight/genrm_weight must be >= 0, got "
-                             f"{self.verifiable_weight}, {self.genrm_weight}")
+        for name in ("verifiable_weight", "genrm_weight"):
+            check(finite(getattr(self, name)) and getattr(self, name) >= 0, name, "a finite number >= 0",
+                  getattr(self, name))
         if self.answer_extraction not in _EXTRACTORS:
             raise ValueError(f"reward.answer_extraction {self.answer_extraction!r} is not one of {list(_EXTRACTORS)}")
         if self.genrm_max_tokens < 1:
@@ -145,16 +157,17 @@ def default_cache_dir() -> Path:
 
 @dataclass
 class BootstrapConfig:
-    """SFT bootstrap of the tiny policy and GenRM. Every field is part of the cache key."""
+    """SFT bootstrap of the tiny policy and GenRM (`models.bootstrap`; used only when
+    `models.policy.hf_path` and `models.genrm.hf_path` are null). Every field but `cache_dir`,
+    with the synthetic `data` fields, is part of the cache key."""
 
-    data: DataConfig = field(default_factory=DataConfig)
-    """The task both models are trained on (its synthetic generator settings)."""
     policy: TinyModelConfig = field(default_factory=TinyModelConfig)
     """Policy dimensions."""
     genrm: TinyModelConfig = field(default_factory=TinyModelConfig)
     """GenRM dimensions."""
     seed: int = 0
-    """Seed of model init, SFT data and batching."""
+    """Seed of model init, SFT data and batching (the tiny checkpoints' identity, not the run's
+    sampling seed)."""
     policy_steps: int = 250
     """SFT optimizer steps for the policy (small on purpose: the policy should be partly right)."""
     policy_label_noise: float = 0.5
@@ -179,80 +192,28 @@ class BootstrapConfig:
     """Linear warm-up steps."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
-    eval_size: int = 200
-    """Held-out prompts for the reported accuracy and GenRM agreement."""
     num_threads: int = 1
     """torch threads during bootstrap. 1 by default: on a shared 2-core machine two threads ran
     up to 20x slower per step than one (spin-waiting intra-op threads under contention)."""
+    cache_dir: str | None = None
+    """Bootstrap cache folder; null = `$PIVOTRL_CACHE` or `~/.cache/pivotrl`."""
 
     def __post_init__(self) -> None:
-        for name in ("policy_steps", "genrm_steps", "batch_size", "eval_size", "num_threads"):
-            if getattr(self, name) < 0 or (name != "policy_steps" and name != "genrm_steps" and getattr(self, name) < 1):
-                raise ValueError(f"bootstrap.{name} must be >= 1 (steps >= 0), got {getattr(self, name)}")
+        for name in ("policy_steps", "genrm_steps"):
+            check(isinstance(getattr(self, name), int) and getattr(self, name) >= 0, name, "an int >= 0",
+                  getattr(self, name))
+        for name in ("batch_size", "num_threads"):
+            check(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, "an int >= 1",
+                  getattr(self, name))
         for name in ("policy_label_noise", "genrm_wrong_fraction"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"bootstrap.{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"bootstrap.lr must be > 0, got {self.lr}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"bootstrap.warmup_steps must be >= 0, got {self.warmup_steps}")
+            check(0.0 <= getattr(self, name) <= 1.0, name, "in [0, 1]", getattr(self, name))
+        check(finite(self.lr) and self.lr > 0, "lr", "a finite number > 0", self.lr)
+        check(self.warmup_steps >= 0, "warmup_steps", ">= 0", self.warmup_steps)
 
+    def key_fields(self) -> dict:
+        """The fields of the cache key (everything but where the cache is)."""
+        import dataclasses
 
-@dataclass
-class SyncLoopConfig:
-    """The synchronous proof loop: rollout -> GenRM reward -> GRPO step, on the tiny models."""
-
-    bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
-    """Which bootstrapped policy/GenRM (and synthetic data) to start from (built if not cached)."""
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    """Reward weights, answer extraction and GenRM parsing."""
-    policy_path: str | None = None
-    """Policy model folder to start from; null: the bootstrapped policy."""
-    genrm_path: str | None = None
-    """GenRM model folder; null: the bootstrapped GenRM."""
-    engine: str = "cpu"
-    """Inference engine for both roles: cpu | vllm | auto (registry key of pivotrl.engines)."""
-    steps: int = 200
-    """Most GRPO steps (the `max_minutes` budget usually ends the run first)."""
-    max_minutes: float = 10.0
-    """Stop after the step that crosses this wall-clock budget (bootstrap excluded)."""
-    prompts_per_step: int = 32
-    """Prompts per step; each gets `group_size` responses."""
-    group_size: int = 8
-    """G: responses per prompt (GRPO group)."""
-    temperature: float = 1.0
-    """Rollout sampling temperature (also the temperature of the reported sampled accuracy)."""
-    lr: float = 3e-4
-    """Trainer learning rate (AdamW)."""
-    world_size: int = 1
-    """Trainer FSDP2 ranks (1 hosts the trainer in this process)."""
-    micro_batch_size: int = 64
-    """Trainer micro-batch (sequences per forward/backward)."""
-    kl_coef: float = 0.0
-    """KL-to-reference weight (0: no reference model)."""
-    eval_size: int = 200
-    """Validation prompts for the accuracy before/after."""
-    eval_samples: int = 2
-    """Sampled responses per validation prompt (the sampled accuracy averages over them)."""
-    eval_every: int = 5
-    """Evaluate every this many steps (and always at the start and end)."""
-    seed: int = 0
-    """Seed of prompt order and sampling."""
-    num_threads: int = 1
-    """torch threads in this process (engines and a hosted trainer share them)."""
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "prompts_per_step", "group_size", "eval_size", "eval_samples",
-                     "eval_every", "world_size", "micro_batch_size", "num_threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"sync_loop.{name} must be >= 1, got {getattr(self, name)}")
-        if self.group_size < 2:
-            raise ValueError(f"sync_loop.group_size must be >= 2 (GRPO compares samples of a prompt), "
-                             f"got {self.group_size}")
-        if self.temperature <= 0:
-            raise ValueError(f"sync_loop.temperature must be > 0 (GRPO needs diverse samples), got {self.temperature}")
-        if self.lr <= 0 or self.max_minutes <= 0 or self.kl_coef < 0:
-            raise ValueError(f"sync_loop.lr and max_minutes must be > 0 and kl_coef >= 0, got "
-                             f"{self.lr}, {self.max_minutes}, {self.kl_coef}")
-        if self.engine not in ("cpu", "vllm", "auto"):
-            raise ValueError(f"sync_loop.engine {self.engine!r} is not one of ['auto', 'cpu', 'vllm']")
+        d = dataclasses.asdict(self)
+        d.pop("cache_dir")
+        return d

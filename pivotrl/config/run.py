@@ -1,7 +1,10 @@
-"""Schemas of the RL loop (`train`) and of run outputs (`logging`)."""
+"""Schemas of the RL loop (`train`: steps, batch, resume; every runtime) and of run outputs
+(`logging`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from pivotrl.config.base import check
 
 
 @dataclass
@@ -15,21 +18,23 @@ class TrainConfig:
     warmup_steps: int = 1
     """Leading steps excluded from throughput (DESIGN §4.6)."""
     prompts_per_step: int = 64
-    """Prompts per training batch."""
+    """Prompts per training batch (every runtime; the paper model groups select `train=paper`)."""
     group_size: int = 8
-    """G: responses per prompt (GRPO group)."""
+    """G: responses per prompt (GRPO group); >= 2, since GRPO compares the samples of a prompt."""
     resume: bool = False
     """Continue from the last checkpoint in the run folder."""
     checkpoint_every: int = 1
     """Checkpoint every this many steps (real runtimes)."""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "prompts_per_step", "group_size", "checkpoint_every"):
+        for name in ("steps", "prompts_per_step", "checkpoint_every"):
             v = getattr(self, name)
-            if isinstance(v, int) and v < 1:
-                raise ValueError(f"train.{name} must be >= 1, got {v}")
-        if isinstance(self.warmup_steps, int) and not 0 <= self.warmup_steps < max(self.steps, 1):
-            raise ValueError(f"train.warmup_steps must be in [0, train.steps={self.steps}), got {self.warmup_steps}")
+            check(isinstance(v, int) and v >= 1, name, "an int >= 1", v)
+        check(isinstance(self.group_size, int) and self.group_size >= 2, "group_size",
+              "an int >= 2 (GRPO's advantage compares the samples of one prompt; 1 learns nothing)",
+              self.group_size)
+        check(isinstance(self.warmup_steps, int) and 0 <= self.warmup_steps < max(self.steps, 1),
+              "warmup_steps", f"in [0, train.steps={self.steps})", self.warmup_steps)
 
 
 @dataclass
@@ -45,5 +50,4 @@ class LoggingConfig:
 
     def __post_init__(self) -> None:
         allowed = ("auto", "online", "offline", "disabled")
-        if self.wandb_mode not in allowed:
-            raise ValueError(f"logging.wandb_mode must be one of {allowed}, got {self.wandb_mode!r}")
+        check(self.wandb_mode in allowed, "wandb_mode", " | ".join(allowed), self.wandb_mode)

@@ -6,11 +6,8 @@ the workload window, the allocation sweep, and the paper's Table 4 allocations (
 swept best). Every value in `conf/models/*.yaml` names its source (calibration.md or an estimate E).
 Knows nothing about Hydra or the simulator itself.
 
-Batch size. The paper does not state its batch. We simulate 256 prompts x 8 responses = 2,048
-samples per RL step (E): the same order as verl's DAPO recipes (512 x 16 with 32-prompt mini
-batches is the largest common setting; 256 x 8 keeps the Fig. 9 grid inside its time budget).
-`prompts_per_step`/`group_size` override `train.*` for cluster=sim only when set; null means "use
-`train.prompts_per_step` / `train.group_size`".
+The batch is `train.prompts_per_step` x `train.group_size` in every runtime (the paper model
+groups select `conf/train/paper.yaml`, whose docstring says where its 256 x 8 comes from).
 """
 from __future__ import annotations
 
@@ -33,10 +30,6 @@ class PaperAllocation:
 class SimConfig:
     """Simulator settings of a model group."""
 
-    prompts_per_step: int | None = None
-    """Prompts per RL step in the simulator; null = `train.prompts_per_step`."""
-    group_size: int | None = None
-    """Responses per prompt (G) in the simulator; null = `train.group_size`."""
     mem_util: float = 0.9
     """Share of device memory an inference engine may use (weights + KV cache); vLLM's default
     `gpu_memory_utilization` (E)."""
@@ -73,10 +66,6 @@ class SimConfig:
     """Paper Table 4 allocations (reported beside the swept best)."""
 
     def __post_init__(self) -> None:
-        for name in ("prompts_per_step", "group_size"):
-            v = getattr(self, name)
-            if v is not None and isinstance(v, int) and v < 1:
-                raise ValueError(f"models.sim.{name} must be >= 1 or null, got {v}")
         if isinstance(self.mem_util, float) and not 0.0 < self.mem_util <= 1.0:
             raise ValueError(f"models.sim.mem_util must be in (0, 1], got {self.mem_util}")
         if self.pivot_home not in ("paper", "sweep"):

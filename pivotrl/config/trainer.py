@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from pivotrl.config.base import ConfigError
 from pivotrl.rl.advantages import ADVANTAGE_ESTIMATORS
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -24,8 +25,9 @@ class TrainerConfig:
     # --- optimiser -----------------------------------------------------------------------------
     lr: float = 1e-5
     """AdamW peak learning rate."""
-    lr_decay_steps: int = 0
-    """0: constant `lr`. Otherwise the rate falls linearly from `lr` at version 0 to
+    lr_decay_steps: int | None = 0
+    """0: constant `lr`. null: over the run's `train.steps` (resolved by `pivotrl.config.resolve`
+    before a trainer sees it). Otherwise the rate falls linearly from `lr` at version 0 to
     `lr * lr_min_ratio` at this many versions, and stays there (the policy a run ends with is then
     not one noisy full-size step away from where it was)."""
     lr_min_ratio: float = 0.1
@@ -75,6 +77,9 @@ class TrainerConfig:
     """Weight of KL(pi || pi_ref) in the loss; 0 disables it and no reference model is kept."""
     kl_estimator: str = "k3"
     """KL estimator: k1, k2 or k3 (see `pivotrl.rl.losses.kl_penalty`)."""
+    rollout_temperature: float = 1.0
+    """Sampling temperature of the policy's rollouts (GRPO needs diverse groups); the trainer's
+    log-probs are taken at the same temperature (`logprob_temperature`, derived: 1 for greedy)."""
     logprob_temperature: float = 1.0
     """Logits are divided by this before log-softmax; set it to the rollout temperature so
     recomputed log-probs describe the distribution the samples were drawn from. > 0."""
@@ -119,12 +124,12 @@ class TrainerConfig:
         from pivotrl.rl.losses import KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
 
         def bad(name: str, allowed: str) -> None:
-            raise ValueError(f"TrainerConfig.{name}={getattr(self, name)!r} is invalid; allowed: {allowed}")
+            raise ConfigError(name, allowed, getattr(self, name))
 
         if not self.lr > 0:
             bad("lr", "> 0")
-        if not (isinstance(self.lr_decay_steps, int) and self.lr_decay_steps >= 0):
-            bad("lr_decay_steps", "an int >= 0 (0: constant)")
+        if not (self.lr_decay_steps is None or (isinstance(self.lr_decay_steps, int) and self.lr_decay_steps >= 0)):
+            bad("lr_decay_steps", "null (over train.steps) or an int >= 0 (0: constant)")
         if not 0.0 <= self.lr_min_ratio <= 1.0:
             bad("lr_min_ratio", "[0, 1]")
         for name in ("adam_beta1", "adam_beta2"):
@@ -161,6 +166,8 @@ class TrainerConfig:
             bad("kl_coef", ">= 0")
         if self.kl_estimator not in KL_ESTIMATORS:
             bad("kl_estimator", str(list(KL_ESTIMATORS)))
+        if not self.rollout_temperature >= 0:
+            bad("rollout_temperature", ">= 0")
         if not self.logprob_temperature > 0:
             bad("logprob_temperature", "> 0")
         if not (isinstance(self.staleness, int) and self.staleness >= 0):

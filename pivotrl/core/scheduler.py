@@ -96,6 +96,11 @@ class ShiftAwareScheduler:
         self._rebuild_arrays()
 
     # ------------------------------------------------------------------ fast mirror arrays
+    def set_model(self, model: ThroughputModel) -> None:
+        """Use a refitted throughput model for every later decision (dispatch gains, migration)."""
+        self.model = model
+        self._rebuild_arrays()
+
     def _rebuild_arrays(self) -> None:
         """Positions and numpy mirrors of (N, K, capacity) plus the cached terms of dT."""
         self._ids: list[str] = list(self.replicas)

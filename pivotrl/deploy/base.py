@@ -20,8 +20,8 @@ from pivotrl.core.scheduler import ShiftAwareScheduler
 from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import INFERENCE_ROLES, Role, Sequence, ShiftPlan, Slot
 from pivotrl.deploy.events import (
-    Action, BatchReady, Dispatch, Event, Finish, PublishWeights, Record, SequenceFinished, ShiftDone,
-    Start, StartShift, StartTraining, StepDone, Tick, TrainingDone,
+    Action, BatchReady, Dispatch, Event, Finish, PublishWeights, Record, ReplicaLost, SequenceFinished,
+    ShiftDone, Start, StartShift, StartTraining, StepDone, Tick, TrainingDone,
 )
 from pivotrl.deploy.pipeline import PromptSource, SamplePipeline
 
@@ -49,6 +49,10 @@ class ControlEnv:
     kv_reserve: int = 0
     kv_capacity: dict[Role, int] = field(default_factory=dict)
     """The runtime's estimate of one new replica's KV capacity (tokens) per role, for planning."""
+
+
+#: Weight of a new measurement in the `tau_shift` average (recent shifts matter most).
+TAU_EMA = 0.5
 
 
 def role_slots(role: Role, first: int, devices: int, tp: int) -> list[Slot]:
@@ -83,6 +87,37 @@ class Controller:
         self.step_shifts = 0
         self.migrate = env.planner.migration
         self.kv_capacity: dict[Role, int] = dict(env.kv_capacity)
+        self.tau_shift: dict[Role, float] = dict(env.tau_shift)
+        """Seconds one shift (up + down) of a replica of each role takes: the runtime's prior,
+        then an exponential average of `ShiftDone.measured` (weight `TAU_EMA`)."""
+
+    # ------------------------------------------------------------------ public API for runtimes
+    def resume(self, version: int) -> None:
+        """Start at policy `version` (a checkpoint's): batches before it are trained. Call
+        before `Start`."""
+        self.pipe.resume(version)
+        self.step = int(version)
+
+    def set_throughput_model(self, role: Role, model: ThroughputModel) -> None:
+        """A refitted throughput model of `role`'s replicas, for the scheduler and the planner."""
+        self.env.models[role] = model
+        self.sched[role].set_model(model)
+
+    def pending_devices(self) -> frozenset[int]:
+        """Devices mid-shift (their replica is re-hosted by the shift itself)."""
+        return frozenset(self.pending)
+
+    def replica_lost(self, role: Role, replica_id: str, now: float) -> list[Action]:
+        """The engine of an active replica was replaced by a fresh, empty one (its device died and
+        was respawned): its sequences go back to the queue with the tokens the scheduler knows,
+        and the queue is dispatched. The runtime keeps each sequence's true tokens for its resume."""
+        s = self.sched[role]
+        acts: list[Action] = [Record("replica_lost", {"now": now, "role": role.value, "replica": replica_id,
+                                                      "sequences": len(s.replicas[replica_id].running)
+                                                      if replica_id in s.replicas else 0})]
+        if replica_id in s.replicas:
+            s.abort(replica_id, "all")  # bookkeeping only: the fresh engine holds nothing to abort
+        return acts + self.dispatch(role)
 
     # ------------------------------------------------------------------ event entry
     def handle(self, ev: Event) -> list[Action]:
@@ -101,6 +136,8 @@ class Controller:
             return self.on_tick(ev)
         if isinstance(ev, BatchReady):
             return self.on_batch_ready(ev)
+        if isinstance(ev, ReplicaLost):
+            return self.replica_lost(ev.role, ev.replica_id, ev.now)
         raise TypeError(f"unknown event {type(ev).__name__}")
 
     def _apply_progress(self, progress: dict[Role, dict[int, int]]) -> None:
@@ -242,6 +279,9 @@ class Controller:
         if plan is None or plan not in self.in_flight:
             raise RuntimeError("ShiftDone for a plan this controller did not start")
         self.in_flight.remove(plan)
+        for role, secs in ev.measured.items():
+            old = self.tau_shift.get(role)
+            self.tau_shift[role] = secs if old is None else (1 - TAU_EMA) * old + TAU_EMA * secs
         for s in plan.down + plan.up:
             self.pending.difference_update(s.devices)
         acts: list[Action] = []

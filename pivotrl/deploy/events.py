@@ -68,12 +68,25 @@ class ShiftDone(Event):
     """A `StartShift(plan)` completed: down-shifted replicas are gone, up-shifted ones serve.
 
     `kv_capacity` gives each new inference replica's KV capacity (tokens); `seconds` the measured
-    (down, up) durations, which feed the planner's `tau_shift`."""
+    (down, up) wall durations of the whole plan; `measured` per role the warm shift time the
+    runtime measured in this plan (mean warm shift up plus mean shift down of that role's
+    devices, seconds), which the controller folds into the planner's `tau_shift` (empty: the
+    runtime measures nothing, as the simulator, whose shift times are its model's)."""
 
     plan: ShiftPlan | None = None
     kv_capacity: dict[str, int] = field(default_factory=dict)
     seconds: tuple[float, float] = (0.0, 0.0)
     progress: Progress = field(default_factory=dict)
+    measured: dict[Role, float] = field(default_factory=dict)
+
+
+@dataclass
+class ReplicaLost(Event):
+    """The engine of active replica `replica_id` was replaced by a fresh, empty one (its device died
+    and was respawned and re-hosted): its sequences go back to the queue with their tokens."""
+
+    role: Role = Role.ROLLOUT
+    replica_id: str = ""
 
 
 @dataclass

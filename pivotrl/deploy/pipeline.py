@@ -58,6 +58,15 @@ class SamplePipeline:
         self.batches: dict[int, BatchState] = {}
         self.trained_samples = 0
 
+    def resume(self, version: int) -> None:
+        """Start at policy `version`, as a fresh pipeline would be after `version` trained steps:
+        batches before it count as trained and the next release is batch `version`."""
+        if self.batches or self.version:
+            raise RuntimeError("resume() is only for a pipeline that has not started")
+        if not 0 <= version < self.steps:
+            raise ValueError(f"resume version {version} outside [0, train.steps={self.steps})")
+        self.version = self.next_release = int(version)
+
     @property
     def samples_per_batch(self) -> int:
         return self.P * self.G

@@ -74,7 +74,7 @@ class PivotController(Controller):
                             holds_devices=self.train_slot is not None or train_up_in_flight,
                             running=self.training,
                             batch_ready=self.pipe.train_ready()),
-            tau_shift=dict(self.env.tau_shift),
+            tau_shift=dict(self.tau_shift),
             pending=frozenset(self.pending),
             kv_capacity=dict(self.kv_capacity),
         )

@@ -64,8 +64,11 @@ class BootstrapResult:
     cached: bool
 
 
-def cache_key(cfg: BootstrapConfig) -> str:
-    blob = json.dumps({"v": BOOTSTRAP_VERSION, "cfg": dataclasses.asdict(cfg)}, sort_keys=True, default=str)
+def cache_key(cfg: BootstrapConfig, data: DataConfig) -> str:
+    """Hash of what the bootstrap builds from: its own fields and the synthetic task's."""
+    blob = json.dumps({"v": BOOTSTRAP_VERSION, "cfg": cfg.key_fields(), "data": data.synthetic(),
+                       "lengths": [data.max_prompt_length, data.max_response_length]},
+                      sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -223,19 +226,18 @@ def evaluate_genrm(model, tok, examples: list[Example], responses: list[str], ma
 
 # ---------------------------------------------------------------- bootstrap + cache
 
-def _build(cfg: BootstrapConfig, out: Path, progress: bool) -> dict:
+def _build(cfg: BootstrapConfig, d: DataConfig, out: Path, progress: bool) -> dict:
     torch.set_num_threads(cfg.num_threads)
     t0, cpu0 = time.perf_counter(), time.process_time()
-    d = cfg.data
     train = write_parquet(generate_rows(d.num_train, "train", d.seed, d.min_operand, d.max_operand, d.ops),
                           out / "data" / "train.parquet")
-    val = write_parquet(generate_rows(d.num_val, "val", d.seed, d.min_operand, d.max_operand, d.ops),
+    val = write_parquet(generate_rows(d.val_size, "val", d.seed, d.min_operand, d.max_operand, d.ops),
                         out / "data" / "val.parquet")
     from transformers import Qwen2ForCausalLM  # deferred: keeps `--help` fast
     from pivotrl.models.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
-    report: dict = {"config": dataclasses.asdict(cfg), "cache_key": cache_key(cfg)}
+    report: dict = {"config": dataclasses.asdict(cfg), "data": d.synthetic(), "cache_key": cache_key(cfg, d)}
     models = {}
     for role, arch, steps, make in (
         ("policy", cfg.policy, cfg.policy_steps, lambda r: policy_example(r, d, cfg.policy_label_noise)),
@@ -257,7 +259,7 @@ def _build(cfg: BootstrapConfig, out: Path, progress: bool) -> dict:
         report[f"{role}_final_loss"] = sum(losses[-10:]) / max(1, len(losses[-10:]))
 
     t = time.perf_counter()
-    val_ex = load_examples(val, limit=cfg.eval_size)
+    val_ex = load_examples(val, limit=d.val_size)
     acc_sampled, responses = evaluate_policy(models["policy"], tok, val_ex, 1.0, d.max_response_length, cfg.seed)
     acc_greedy, _ = evaluate_policy(models["policy"], tok, val_ex, 0.0, d.max_response_length)
     report["policy_val_accuracy_sampled_t1"] = acc_sampled
@@ -284,19 +286,22 @@ def _remove_stale_tmp(folder: Path) -> None:
             continue
 
 
-def bootstrap(cfg: BootstrapConfig | None = None, cache_dir: str | Path | None = None, force: bool = False,
+def bootstrap(cfg: BootstrapConfig | None = None, data: DataConfig | None = None, force: bool = False,
               progress: bool = True) -> BootstrapResult:
-    """Return the cached bootstrap for `cfg`, building it first if absent (or if `force`)."""
+    """Return the cached bootstrap for `cfg` on the synthetic task of `data`, building it first if
+    absent (or if `force`). The cache is `cfg.cache_dir` (null: `$PIVOTRL_CACHE` or
+    `~/.cache/pivotrl`)."""
     cfg = cfg or BootstrapConfig()
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    entry = root / "bootstrap" / cache_key(cfg)
+    data = data or DataConfig()
+    root = Path(cfg.cache_dir) if cfg.cache_dir is not None else default_cache_dir()
+    entry = root / "bootstrap" / cache_key(cfg, data)
     cached = (entry / "report.json").is_file() and not force
     if not cached:
         entry.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_tmp(entry.parent)
         tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-{os.getpid()}-", dir=entry.parent))
         try:
-            _build(cfg, tmp, progress)
+            _build(cfg, data, tmp, progress)
             if entry.exists() and not force:
                 pass  # another process finished the same entry first: keep theirs, drop ours
             else:
@@ -328,8 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     over = {k: v for k, v in {"policy_steps": a.policy_steps, "genrm_steps": a.genrm_steps,
                               "policy_label_noise": a.label_noise, "lr": a.lr, "batch_size": a.batch_size,
                               "seed": a.seed, "num_threads": a.threads}.items() if v is not None}
+    if a.cache_dir is not None:
+        over["cache_dir"] = str(a.cache_dir)
     cfg = BootstrapConfig(**over)
-    res = bootstrap(cfg, a.cache_dir, a.force)
+    res = bootstrap(cfg, DataConfig(), a.force)
     r = res.report
     g = r["genrm_on_policy_samples"]
     print(f"cache entry: {res.policy_path.parent} ({'reused' if res.cached else 'built'})")

@@ -10,7 +10,8 @@ Owns:
   `assign` = submit a fresh request, or a resume carrying the tokens generated so far.
 - `Executor.run_shift(plan)`: shift down every replica in `plan.down` (or the training unit), then
   shift up every slot in `plan.up`, each half run on all its devices at once and timed. The
-  measured durations feed `tau_shift` (an exponential average per role) that the planner reads.
+  measured durations go to the controller (`ShiftDone.measured`), which folds them into the
+  planner's `tau_shift`.
 - Device death: any call that finds a device actor dead respawns it on the same bundle (it comes
   back holding no role) and reports it, so the runtime can put that device's sequences back in
   the queue with their last reported tokens. A dead device during a shift is shifted up again on
@@ -33,8 +34,6 @@ from pivotrl.runtime.roles import RoleSpec, ShiftTiming
 
 log = logging.getLogger(__name__)
 
-#: Weight of a new measurement in the `tau_shift` average (recent shifts matter most).
-TAU_EMA = 0.5
 
 
 def _dead(exc: BaseException) -> bool:
@@ -132,18 +131,34 @@ class ShiftResult:
     timings: list[dict[str, Any]] = field(default_factory=list)
     dead: set[int] = field(default_factory=set)
     error: BaseException | None = None
+    measured: dict[Role, float] = field(default_factory=dict)
+    """Per role: mean warm shift up + mean shift down of this plan's devices (`ShiftDone.measured`)."""
+
+
+def measured_shift_seconds(timings: list[dict[str, Any]]) -> dict[Role, float]:
+    """Per role, the mean warm shift up plus the mean shift down over the devices that did them
+    (cold first starts build the engine or trainer once and would overstate every later shift)."""
+    def mean(xs: list[float]) -> float | None:
+        return sum(xs) / len(xs) if xs else None
+
+    out: dict[Role, float] = {}
+    for role in (Role.ROLLOUT, Role.REWARD, Role.TRAIN):
+        up = mean([t["seconds"] for t in timings if t["role"] == role.value and t["direction"] == "up" and not t["cold"]])
+        down = mean([t["seconds"] for t in timings if t["role"] == role.value and t["direction"] == "down"])
+        if up is not None or down is not None:
+            out[role] = (up or 0.0) + (down or 0.0)
+    return out
 
 
 class Executor:
     """Executes moves and shift plans on the device actors of one cluster."""
 
     def __init__(self, cluster: Any, specs: Callable[[Slot, int], RoleSpec], params: ParamSource,
-                 model_of: dict[Role, str], tau_shift: dict[Role, float]) -> None:
+                 model_of: dict[Role, str]) -> None:
         self.cluster = cluster
         self.specs = specs
         self.params = params
         self.model_of = model_of
-        self.tau_shift = tau_shift  # shared with the controller's env: updated in place
         self.actors: dict[int, Any] = {d: spawn_device(cluster, d) for d in range(cluster.spec.num_devices)}
         self.role_of: dict[int, Role | None] = {d: None for d in self.actors}
         self.generation: dict[int, int] = {d: 0 for d in self.actors}
@@ -284,29 +299,12 @@ class Executor:
                     res.timings.append({"device": d, "role": t.role, "direction": t.direction,
                                         "seconds": t.seconds, "cold": t.cold, "version": t.version,
                                         **{k: v for k, v in t.detail.items()}})
-            self._learn_tau(plan, res)
+            res.measured = measured_shift_seconds(res.timings)
+            self.shift_log.append({"role_up": plan.role_up.value, "down_s": res.seconds[0], "up_s": res.seconds[1],
+                                   "timings": res.timings})
         except BaseException as e:  # reported to the main loop, which re-raises it there
             res.error = e
         return res
-
-    def _learn_tau(self, plan: ShiftPlan, res: ShiftResult) -> None:
-        """Fold the measured warm shift halves into `tau_shift[role]`: the mean warm shift up of the
-        role plus its mean shift down, over the devices that did them (cold first starts build the
-        engine or trainer once and would overstate every later shift)."""
-        def mean(xs: list[float]) -> float | None:
-            return sum(xs) / len(xs) if xs else None
-
-        for role in (Role.ROLLOUT, Role.REWARD, Role.TRAIN):
-            up = mean([t["seconds"] for t in res.timings
-                       if t["role"] == role.value and t["direction"] == "up" and not t["cold"]])
-            down = mean([t["seconds"] for t in res.timings if t["role"] == role.value and t["direction"] == "down"])
-            if up is None and down is None:
-                continue
-            measured = (up or 0.0) + (down or 0.0)
-            old = self.tau_shift.get(role)
-            self.tau_shift[role] = measured if old is None else (1 - TAU_EMA) * old + TAU_EMA * measured
-        self.shift_log.append({"role_up": plan.role_up.value, "down_s": res.seconds[0], "up_s": res.seconds[1],
-                               "timings": res.timings})
 
     # ------------------------------------------------------------------ weights
     def publish_to_rollout(self, ref: Any, version: int) -> dict[int, Any]:

@@ -36,7 +36,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pivotrl.config.runtime import RuntimeConfig
 from pivotrl.core.types import INFERENCE_ROLES, Role, Slot
 from pivotrl.deploy import make_controller
 from pivotrl.engines.protocol import TokensSoFar, logprobs_of
@@ -65,7 +64,7 @@ class LocalRuntime:
     def __init__(self, setup: LocalSetup, tracker: Any = None) -> None:
         self.s = setup
         self.cfg = setup.cfg
-        self.rt: RuntimeConfig = setup.rt
+        self.cl = setup.cfg.cluster  # launch settings: poll_s, fit_every_s, max_wall_s
         self.tracker = tracker
         self.ex = setup.executor
         self.ctrl = make_controller(self.cfg.deploy.mode, setup.control_env())
@@ -124,23 +123,23 @@ class LocalRuntime:
         self._handle(Start(self.now))
         tick_s = self.ctrl.tick_s
         next_tick = self.now + tick_s if tick_s else None
-        next_fit = self.now + self.rt.fit_every_s
+        next_fit = self.now + self.cl.fit_every_s
         last = self.now
         while not self.done:
             t = self.now
             for r in self.ex.role_of.values():  # device-seconds each role held (time per role)
                 self.held[r.value if r is not None else "free"] += t - last
             last = t
-            if self.now > self.rt.max_wall_s:
-                raise RuntimeError(f"local run passed runtime.max_wall_s={self.rt.max_wall_s}s at step "
+            if self.cl.max_wall_s is not None and self.now > self.cl.max_wall_s:
+                raise RuntimeError(f"local run passed cluster.max_wall_s={self.cl.max_wall_s}s at step "
                                    f"{self.ctrl.step}/{self.s.steps} (state {self.ctrl.state()})")
             for d, role in self.ex.role_of.items():
                 if role in INFERENCE_ROLES and d not in self.polls:
-                    self.polls[d] = self.ex.actors[d].poll.remote(self.rt.poll_s)
+                    self.polls[d] = self.ex.actors[d].poll.remote(self.cl.poll_s)
                     self.poll_gen[d] = self.ex.generation[d]
             refs = list(self.polls.values())
             if refs:
-                ready, _ = ray.wait(refs, num_returns=1, timeout=self.rt.poll_s)
+                ready, _ = ray.wait(refs, num_returns=1, timeout=self.cl.poll_s)
                 if ready:
                     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
                 by_ref = {r: d for d, r in self.polls.items()}
@@ -151,7 +150,7 @@ class LocalRuntime:
                     if self.done:
                         break
             else:
-                time.sleep(self.rt.poll_s)
+                time.sleep(self.cl.poll_s)
             while not self.done:
                 try:
                     item = self.results.get_nowait()
@@ -164,7 +163,7 @@ class LocalRuntime:
                 next_tick = self.now + tick_s
             if not self.done and self.now >= next_fit:
                 self._refit()
-                next_fit = self.now + self.rt.fit_every_s
+                next_fit = self.now + self.cl.fit_every_s
             self.threads = [t for t in self.threads if t.is_alive()]
             if not self.done and not self.polls and not self.threads and self.results.empty() \
                     and not any(self.placed[r] for r in INFERENCE_ROLES) and not self.deferred \
@@ -282,9 +281,9 @@ class LocalRuntime:
                     self.monitor.forget(d)
             self._record("shift_timing", role_up=res.plan.role_up.value, down_s=res.seconds[0],
                          up_s=res.seconds[1], devices=res.timings, dead=sorted(res.dead),
-                         tau_shift={r.value: v for r, v in self.ex.tau_shift.items()})
+                         measured={r.value: v for r, v in res.measured.items()})
             self._handle(ShiftDone(self.now, plan=res.plan, kv_capacity=res.kv_capacity, seconds=res.seconds,
-                                   progress=self._progress()))
+                                   progress=self._progress(), measured=res.measured))
         elif kind == "train":
             _, act, metrics, secs = item
             self.train_metrics[act.batch] = metrics
@@ -463,7 +462,7 @@ class LocalRuntime:
             # step's proximal policy); behaviour_is_*: how far off-policy the batch was (decoupled)
             "ratio_mean": tm.get("ratio_mean"), "clipfrac": tm.get("clipfrac"), "approx_kl": tm.get("approx_kl"),
             "behaviour_is_mean": tm.get("behaviour_is_mean"), "behaviour_is_truncated": tm.get("behaviour_is_truncated"),
-            "tau_shift": {r.value: v for r, v in self.ex.tau_shift.items()},
+            "tau_shift": {r.value: v for r, v in self.ctrl.tau_shift.items()},
             "role_state": {r.value: vars(self.monitor.state(r, self.ctrl.sched[r])) for r in INFERENCE_ROLES},
             "driver_s": dict(self.driver_s),
             **self.counts, **f,
@@ -495,7 +494,7 @@ class LocalRuntime:
             "ideal_efficiency": None,  # no per-device peak is measured on shared cores (see report)
             "num_shifts": self.counts["shifts"],
             "shift_log": self.ex.shift_log,
-            "tau_shift": {r.value: v for r, v in self.ex.tau_shift.items()},
+            "tau_shift": {r.value: v for r, v in self.ctrl.tau_shift.items()},
             "train_busy_device_s": self.busy["train"],
             "device_seconds_by_role": dict(self.held),
             "samples_trained": len(self.trained_ids),
@@ -512,19 +511,18 @@ class LocalRuntime:
         }
 
 
-def run_real(cfg: Any, run_dir: Path, tracker: Any, accelerator: str = "cpu") -> dict[str, Any]:
+def run_real(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
     """Validate, run the RL loop on real devices, validate again; always tear down. Shared by
     `cluster=local` (CPU virtual devices) and `cluster=ray` (GPUs)."""
     from pivotrl.runtime.local_setup import print_summary_table
 
-    setup = LocalSetup(cfg, cfg.cluster.runtime, Path(run_dir), accelerator=accelerator)
+    setup = LocalSetup(cfg, Path(run_dir))
     try:
         setup.start()
         before = setup.val_accuracy(None)
         summary = {"val_accuracy_before": before["sampled"], "val_accuracy_greedy_before": before["greedy"]}
         summary.update(LocalRuntime(setup, tracker).run())
-        if accelerator == "cuda":
-            summary["cluster"] = "ray"
+        summary["cluster"] = setup.r.runtime
         after = setup.val_accuracy("policy")
         summary.update(val_accuracy_after=after["sampled"], val_accuracy_greedy_after=after["greedy"])
         summary["bootstrap"] = setup.bootstrap_info
@@ -537,4 +535,4 @@ def run_real(cfg: Any, run_dir: Path, tracker: Any, accelerator: str = "cpu") ->
 
 def run_local(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
     """`cluster=local` entry (pivotrl.run's registry). Ray and the devices are always torn down."""
-    return run_real(cfg, run_dir, tracker, accelerator="cpu")
+    return run_real(cfg, run_dir, tracker)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pivotrl.config.runtime import RuntimeConfig
+from pivotrl.config.resolve import resolve
 from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import INFERENCE_ROLES, Role, Slot
 from pivotrl.runtime.roles import RoleSpec
@@ -56,48 +56,24 @@ class LocalPrompts:
         return out
 
 
-def default_allocation(mode: str, n: int) -> dict[Role, int]:
-    """Device split when `deploy.allocation` is empty (the sim sweeps instead; a real run cannot)."""
-    tr = max(1, n // 4)
-    if mode == "disaggregated":
-        if n < 3:
-            raise ValueError(f"deploy=disaggregated needs >= 3 devices (one per role), cluster.num_devices={n}")
-        rm = max(1, n // 4)
-        return {Role.ROLLOUT: n - rm - tr, Role.REWARD: rm, Role.TRAIN: tr}
-    if mode == "rr_colocated":
-        if n < 2:
-            raise ValueError(f"deploy=rr_colocated needs >= 2 devices, cluster.num_devices={n}")
-        return {Role.ROLLOUT: n - tr, Role.REWARD: 0, Role.TRAIN: tr}
-    if mode == "pivot":
-        return {Role.TRAIN: tr}
-    return {}
-
-
 class LocalSetup:
     """Models, data, devices and GPS of one real run. `accelerator` is `cpu` (local: gloo, CPU
-    engine) or `cuda` (ray: NCCL, the engine `runtime.engine.name` names, normally vLLM)."""
+    engine) or `cuda` (ray: NCCL, the engine `engine.name` names, normally vLLM): `cluster.accelerator`."""
 
-    def __init__(self, cfg: Any, rt: RuntimeConfig, run_dir: Path, accelerator: str = "cpu") -> None:
-        if accelerator not in ("cpu", "cuda"):
-            raise ValueError(f"accelerator={accelerator!r}; allowed: cpu, cuda")
-        self.cfg, self.rt, self.run_dir = cfg, rt, Path(run_dir)
-        self.accelerator = accelerator
-        self.mode = getattr(cfg.deploy.mode, "value", str(cfg.deploy.mode))
-        self.num_devices = int(cfg.cluster.num_devices or cfg.models.devices)
-        self.tp = {Role.ROLLOUT: int(cfg.models.policy.tp), Role.REWARD: int(cfg.models.genrm.tp)}
+    def __init__(self, cfg: Any, run_dir: Path) -> None:
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.r = r = resolve(cfg)
+        self.accelerator = r.accelerator
+        self.mode = r.mode
+        self.num_devices = r.num_devices
+        self.tp = {Role.ROLLOUT: r.tp["rollout"], Role.REWARD: r.tp["reward"]}
         if any(t != 1 for t in self.tp.values()):
             raise ValueError(f"the real runtimes host one engine per device actor (no tensor parallelism "
                              f"across actors yet): models.policy.tp and models.genrm.tp must be 1, got "
                              f"{self.tp[Role.ROLLOUT]}, {self.tp[Role.REWARD]}")
-        self.P, self.G = int(cfg.train.prompts_per_step), int(cfg.train.group_size)
-        self.steps = int(cfg.train.steps)
-        self.warmup = min(int(cfg.train.warmup_steps), self.steps - 1)
-        self.staleness = 0 if self.mode == "colocated" else int(cfg.deploy.staleness)
-        a = cfg.deploy.allocation
-        if a.given():
-            self.allocation = {r: int(getattr(a, r.value) or 0) for r in (Role.ROLLOUT, Role.REWARD, Role.TRAIN)}
-        else:
-            self.allocation = default_allocation(self.mode, self.num_devices)
+        self.P, self.G = r.prompts_per_step, r.group_size
+        self.steps, self.warmup, self.staleness = r.steps, r.warmup, r.staleness
+        self.allocation = {Role(k): v for k, v in r.allocation.items()}
         self.progress = bool(getattr(cfg.logging, "progress", False))
         self.cluster: Any = None
         self.executor: Any = None
@@ -109,48 +85,36 @@ class LocalSetup:
         self.resume_version = 0
 
     # ------------------------------------------------------------------ start / stop
-    def _models(self) -> tuple[Path, Path, Path, Path]:
-        m = self.cfg.models
-        if m.policy.hf_path and m.genrm.hf_path:
-            data = self.rt.bootstrap.data
-            if not (data.train_path and data.val_path):
-                raise ValueError("models.*.hf_path is set: also set runtime.bootstrap.data.train_path/val_path")
-            return Path(m.policy.hf_path), Path(m.genrm.hf_path), Path(data.train_path), Path(data.val_path)
-        from pivotrl.models.bootstrap import bootstrap
-
-        t0 = time.perf_counter()
-        res = bootstrap(self.rt.bootstrap, cache_dir=self.rt.cache_dir, progress=self.progress)
-        self.bootstrap_info = {"cached": res.cached, "seconds": time.perf_counter() - t0,
-                               "policy_val_accuracy_greedy": res.report.get("policy_val_accuracy_greedy")}
-        return res.policy_path, res.genrm_path, res.train_path, res.val_path
-
     def start(self) -> None:
         import torch
         from pivotrl.models.tokenizer import load_tokenizer
         from pivotrl.rl.data import load_examples
         from pivotrl.rl.rewards import RewardFunction
         from pivotrl.runtime.cluster import ClusterSpec, start_cluster
+        from pivotrl.runtime.assets import load_assets, load_val_examples
         from pivotrl.runtime.executor import Executor, ParamSource
 
         torch.set_num_threads(1)
-        self.policy_path, self.genrm_path, train_path, val_path = self._models()
+        assets = load_assets(self.cfg, progress=self.progress)
+        self.policy_path, self.genrm_path = assets.policy_path, assets.genrm_path
+        self.bootstrap_info = assets.bootstrap_info
         self.tok = load_tokenizer(self.policy_path)
-        self.train_examples = load_examples(train_path)
-        self.val_examples = load_examples(val_path, limit=self.rt.val_size)
+        self.train_examples = load_examples(assets.train_path)
+        self.val_examples = load_val_examples(assets.val_path, self.cfg.data.val_size)
         self.prompt_ids = [self._encode(e.prompt) for e in self.train_examples]
         self.source = LocalPrompts(self.prompt_ids, self.P)
-        self.reward_fn = RewardFunction(self.rt.reward)
-        self.max_response = int(self.rt.max_response_tokens or self.rt.bootstrap.data.max_response_length)
+        self.reward_fn = RewardFunction(self.cfg.reward)
+        self.max_response = self.r.max_response
 
-        self.params = ParamSource.create(self.rt.gps)
+        self.params = ParamSource.create(self.cfg.cluster.gps)
         self.params.register_hf("policy", str(self.policy_path), frozen=False)
         self.params.register_hf("genrm", str(self.genrm_path), frozen=True)
         if bool(self.cfg.train.resume):
             self._find_checkpoint()
         self.cluster = start_cluster(ClusterSpec.from_config(self.cfg.cluster, self.num_devices))
-        self.tau_shift = {r: float(self.rt.tau_shift_prior_s) for r in (*INFERENCE_ROLES, Role.TRAIN)}
+        self.tau_shift = {r: float(self.cfg.cluster.tau_shift_prior_s) for r in (*INFERENCE_ROLES, Role.TRAIN)}
         self.executor = Executor(self.cluster, self.role_spec, self.params,
-                                 {Role.ROLLOUT: "policy", Role.REWARD: "genrm"}, self.tau_shift)
+                                 {Role.ROLLOUT: "policy", Role.REWARD: "genrm"})
         self.executor.wait_ready()
 
     def _find_checkpoint(self) -> None:
@@ -192,40 +156,26 @@ class LocalSetup:
             num_devices=self.num_devices, node_size=int(self.cfg.cluster.node_size), tp=dict(self.tp),
             models={r: PRIOR_MODEL for r in INFERENCE_ROLES}, tau_shift=self.tau_shift, prompts=self.source,
             prompts_per_step=self.P, group_size=self.G, steps=self.steps, staleness=self.staleness,
-            allocation=dict(self.allocation), planner=self.cfg.deploy.planner, kv_reserve=0,
-            kv_capacity={r: int(self.rt.engine.kv_capacity_tokens) for r in INFERENCE_ROLES})
-
-    def train_world(self, slot: Slot) -> int:
-        return slot.tp
+            allocation=dict(self.allocation), planner=self.r.planner, kv_reserve=0,
+            kv_capacity={r: int(self.cfg.engine.kv_capacity_tokens) for r in INFERENCE_ROLES})
 
     def role_spec(self, slot: Slot, index: int) -> RoleSpec:
         if slot.role == Role.TRAIN:
-            from pivotrl.config.trainer import TrainerConfig
-
-            tcfg = TrainerConfig(lr=self.rt.lr, micro_batch_size=self.rt.micro_batch_size,
-                                 ppo_mini_batches=self.rt.ppo_mini_batches, ppo_epochs=self.rt.ppo_epochs,
-                                 off_policy=self.rt.off_policy, lr_min_ratio=self.rt.lr_min_ratio,
-                                 lr_decay_steps=(int(self.cfg.train.steps) if self.rt.lr_decay_steps is None
-                                                 else self.rt.lr_decay_steps),
-                                 staleness=self.staleness, world_size=slot.tp,
-                                 backend="gloo" if self.accelerator == "cpu" else "nccl", device=self.accelerator,
-                                 num_threads=int(self.cfg.cluster.threads_per_device), seed=int(self.cfg.seed),
-                                 # The engines' log-prob convention (protocol docstring): T, or 1 for greedy.
-                                 logprob_temperature=self.rt.rollout_temperature or 1.0)
+            tcfg = self.r.trainer(self.cfg, slot.tp)
             return RoleSpec(Role.TRAIN, "policy", str(self.policy_path), trainer=tcfg, rank=index,
                             world_size=slot.tp, init_method=f"file://{self._pg_file}",
                             resume_from=str(self.resume_path) if self.resume_path else None)
         path = self.policy_path if slot.role == Role.ROLLOUT else self.genrm_path
         return RoleSpec(slot.role, "policy" if slot.role == Role.ROLLOUT else "genrm", str(path),
-                        engine=self.rt.engine)
+                        engine=self.cfg.engine)
 
     # ------------------------------------------------------------------ samples
     def _encode(self, messages: list[dict[str, str]], extra: int = 0) -> list[int]:
         """Chat-template ids; `extra` tokens of room beyond `data.max_prompt_length` (judge
         prompts carry the response and the judge template too)."""
-        from pivotrl.rl.sync_loop import encode_prompt  # the one prompt encoding of the project
+        from pivotrl.runtime.evaluation import encode_prompt  # the one prompt encoding of the project
 
-        return encode_prompt(self.tok, messages, self.rt.bootstrap.data.max_prompt_length + extra)
+        return encode_prompt(self.tok, messages, self.cfg.data.max_prompt_length + extra)
 
     def batch_of(self, sid: int) -> int:
         return sid // (self.P * self.G)
@@ -238,13 +188,13 @@ class LocalSetup:
         from pivotrl.engines.protocol import GenerationRequest, SamplingParams, logprobs_of
 
         if role == Role.ROLLOUT:
-            params = SamplingParams(temperature=self.rt.rollout_temperature, max_tokens=self.max_response,
+            params = SamplingParams(temperature=self.cfg.algo.rollout_temperature, max_tokens=self.max_response,
                                     seed=(int(self.cfg.seed) * 1_000_003 + sid) % (2**31))
             return GenerationRequest(sid, self.prompt_ids[self.example_of(sid)], params, generated=list(generated),
                                      generated_logprobs=logprobs_of(generated))
         if judge_ids is None:
             raise RuntimeError(f"reward sequence {sid} dispatched before its response finished")
-        rc = self.rt.reward
+        rc = self.cfg.reward
         params = SamplingParams(temperature=rc.genrm_temperature, max_tokens=rc.genrm_max_tokens)
         return GenerationRequest(sid, judge_ids, params, generated=list(generated),
                                  generated_logprobs=logprobs_of(generated))
@@ -288,27 +238,25 @@ class LocalSetup:
     # ------------------------------------------------------------------ evaluation
     def val_accuracy(self, gps_model: str | None) -> dict[str, float]:
         """Held-out accuracy of the start policy (None) or of GPS's current `gps_model`: sampled at
-        the rollout temperature (`runtime.eval_samples` per prompt, the headline figure) and greedy,
-        measured by the synchronous loop's own `evaluate` on a CPU engine in the driver."""
+        the rollout temperature (`data.val_samples` per prompt, the headline figure) and greedy,
+        measured on a CPU engine in the driver (`runtime.evaluation`)."""
         import ray
 
         from pivotrl.config.engine import EngineConfig
-        from pivotrl.config.rl import SyncLoopConfig
         from pivotrl.engines.registry import create_engine
-        from pivotrl.rl.sync_loop import evaluate
+        from pivotrl.runtime.evaluation import evaluate
 
         eng = create_engine(self.policy_path, EngineConfig(name="cpu", num_threads=1))
         try:
             if gps_model is not None:
                 ref, version = self.params.read(gps_model)
                 eng.load_weights(ray.get(ref), version)
-            scfg = SyncLoopConfig(temperature=self.rt.rollout_temperature, eval_samples=self.rt.eval_samples,
-                                  seed=int(self.cfg.seed))
-            res = evaluate(eng, self.tok, self.val_examples, scfg, self.rt.bootstrap.data.max_prompt_length,
-                           self.max_response)
+            d = self.cfg.data
+            return evaluate(eng, self.tok, self.val_examples, temperature=self.cfg.algo.rollout_temperature,
+                            samples=d.val_samples, seed=int(self.cfg.seed), max_prompt_len=d.max_prompt_length,
+                            max_tokens=self.max_response)
         finally:
             eng.shutdown()
-        return {"sampled": float(res["val_acc_sampled"]), "greedy": float(res["val_acc_greedy"])}
 
 
 def print_summary_table(summary: dict[str, Any]) -> None:

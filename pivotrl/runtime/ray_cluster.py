@@ -1,8 +1,8 @@
 """`cluster=ray`: the local runtime's loop on the GPUs of a Ray cluster (vLLM engines, NCCL training).
 
 Owns only what differs from `cluster=local`: devices are the `GPU` resource of a running Ray
-cluster (`cluster.address`, `auto` by default) reserved in per-node placement groups
-(`cluster.py`), inference replicas run the engine `runtime.engine.name` names (vLLM by default),
+cluster (`cluster.address`) reserved in per-node placement groups
+(`cluster.py`), inference replicas run the engine `engine.name` names (vLLM by default),
 and training ranks use CUDA with NCCL. The device actors, role shifting, executor, monitor,
 controllers and records are the very ones `cluster=local` uses (`local.py`, `local_setup.py`).
 
@@ -22,4 +22,4 @@ def run_ray(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
     """`cluster=ray` entry (pivotrl.run's registry). Ray connections and devices are always released."""
     from pivotrl.runtime.local import run_real
 
-    return run_real(cfg, run_dir, tracker, accelerator="cuda")
+    return run_real(cfg, run_dir, tracker)

@@ -75,6 +75,13 @@ class SimReplica:
         self._pf: dict[int, list[float]] = {}  # seq -> [end, seconds] of its prefill (serial stalls)
         self._c_n, self._c_val = -1, 0.0
 
+    def set_model(self, model: ThroughputModel, now: float) -> None:
+        """Run on `model` from `now` on (the time so far is advanced on the old one)."""
+        self.advance(now)
+        self.model = model
+        self._c_n = -1  # the per-N iteration time is cached
+        self.epoch += 1
+
     # -- closed forms ------------------------------------------------------------------------
     @property
     def n(self) -> int:

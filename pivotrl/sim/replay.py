@@ -282,23 +282,25 @@ def constants_from_run(rec: RunRecords, kv_capacity: int, allocation: dict[Role,
 
 # ---------------------------------------------------------------------------------- the replay runtime
 class ReplayRuntime(SimRuntime):
-    """`SimRuntime` whose training, shift and publish times come from `ReplayConstants`."""
+    """`SimRuntime` whose training, shift and publish times come from `ReplayConstants` (through
+    the simulator's physics hooks), with the shared-cores contention model when `consts.cores`."""
 
     def __init__(self, setup: SimSetup, consts: ReplayConstants, tracker: Any = None) -> None:
+        import weakref
+
         super().__init__(setup, tracker)
         self.consts = consts
         self.publish_s = consts.publish_s
         self._warm: set[tuple[int, Role]] = set()  # (device, role) pairs that have loaded once
+        self._train_devices = 0
+        self._factor: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # replica -> slowdown (new: 1)
 
     # -- shared-cores contention (ReplayConstants.cores) ----------------------------------------
-    _train_devices = 0
+    def training_finished(self) -> None:
+        super().training_finished()
+        self._train_devices = 0
 
-    def _handle(self, ev) -> None:
-        from pivotrl.deploy.events import TrainingDone
-
-        if isinstance(ev, TrainingDone):
-            self._train_devices = 0
-        super()._handle(ev)
+    def after_event(self) -> None:
         if self.consts.cores:
             self._contend()
 
@@ -307,43 +309,28 @@ class ReplayRuntime(SimRuntime):
             rep.tp for rep in self.replicas.values() if rep.n or rep.stall_until > self.now)
         f = max(1.0, busy / float(self.consts.cores))
         for rid, rep in self.replicas.items():
-            if getattr(rep, "_replay_factor", 1.0) == f:  # new replicas start at factor 1
+            if self._factor.get(rep, 1.0) == f:
                 continue
-            rep._replay_factor = f
-            rep.advance(self.now)
-            rep.model = slowed(self.s.costs[self.role_of[rid]].model, f)
-            rep._c_n = -1  # the replica caches max(B, C*N) + D per N: its model changed
-            rep.epoch += 1
+            self._factor[rep] = f
+            rep.set_model(slowed(self.s.costs[self.role_of[rid]].model, f), self.now)
             self._reschedule(rid)
 
-    def _start_training(self, act) -> None:
-        secs = self.consts.train_time(act.batch)
+    def training_seconds(self, act) -> float:
         self._train_devices = len(act.devices)
-        self.stats.train_start(self.now, len(act.devices))
-        self._push(self.now + secs, "train_done", (act.batch, act.version + 1, secs))
+        return self.consts.train_time(act.batch)
 
-    def _start_shift(self, act) -> None:
-        # The sim's shift without cold starts, plus the measured cold-load time where this replay
-        # loads a role on a device for the first time (the real engines did the same).
+    def shift_seconds(self, plan) -> tuple[float, float]:
+        """The sim's shift without cold starts, plus the measured cold-load time where this replay
+        loads a role on a device for the first time (the real engines did the same)."""
+        down_s, up_s = super().shift_seconds(plan)
         extra = 0.0
-        for s in act.plan.up:
+        for s in plan.up:
             key = (s.first_device, s.role)
             if key not in self._warm:
                 self._warm.add(key)
                 if s.role in self.consts.cold_up_s:
                     extra = max(extra, self.consts.cold_up_s[s.role] - self.consts.shift_up_s[s.role])
-        if extra <= 0:
-            return super()._start_shift(act)
-        # charge the cold load by delaying the shift's completion: run the normal shift, then move
-        # its completion event later by `extra` (the event queue holds (t, seq, kind, payload)).
-        super()._start_shift(act)
-        import heapq
-
-        for k, (t, seq, kind, payload) in enumerate(self._events):
-            if kind == "shift_done" and payload[0] is act.plan:
-                self._events[k] = (t + extra, seq, kind, (payload[0], payload[1], payload[2] + extra))
-                heapq.heapify(self._events)
-                break
+        return down_s, up_s + max(extra, 0.0)
 
 
 def slowed(model: ThroughputModel, factor: float) -> ThroughputModel:

@@ -1,10 +1,12 @@
-"""`cluster=sim`: the discrete-event runtime that drives a deployment controller on a simulated cluster.
+"""`cluster=sim`: the discrete-event driver of the runtime loop on a simulated cluster.
 
-Owns the simulated clock and event queue, the replicas' ground truth (`SimReplica`), carrying out
-the controller's actions (dispatch/abort moves with prefill and re-prefill, shifts with their
-durations, training steps, weight publishes), monitor ticks, and the run's records (metrics.jsonl,
-timeline.jsonl, summary.json through the `Tracker`). The control plane is the real one: the same
-controllers, schedulers and planner the other runtimes use (DESIGN §1-2, §5).
+Owns the simulated clock and event queue, the replicas' ground truth (`SimReplica`), and carrying
+out the controller's actions (dispatch/abort moves with prefill and re-prefill, shifts with their
+durations, training steps, weight publishes). The loop, the action dispatch, ticks and the records
+are the shared ones (`pivotrl.runtime.loop`, `pivotrl.runtime.recorder`); the control plane is the
+real one: the same controllers, schedulers and planner the other runtimes use (DESIGN §1-2, §5).
+Subclasses change the physics through hooks (`training_seconds`, `shift_seconds`,
+`training_finished`, `after_event`), as the replay of real runs does (`pivotrl.sim.replay`).
 
 Events: sequence completions (per replica, computed in closed form by `SimReplica`), shift
 completions, training completions, monitor ticks and throughput samples. Between events nothing is
@@ -31,9 +33,10 @@ import itertools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from pivotrl.config import PivotConfig
+from pivotrl.config.resolve import resolve
 from pivotrl.core.planner import eq1_throughput
 from pivotrl.core.types import INFERENCE_ROLES, Role
 from pivotrl.deploy import ControlEnv, make_controller
@@ -65,51 +68,51 @@ class SimSetup:
     def from_config(cls, cfg: PivotConfig, allocation: dict[Role, int] | None = None,
                     steps: int | None = None) -> "SimSetup":
         m, hw, sim = cfg.models, cfg.cluster.hardware, cfg.models.sim
-        P = sim.prompts_per_step or cfg.train.prompts_per_step
-        G = sim.group_size or cfg.train.group_size
-        costs = {r: tm.role_costs(m, hw, r) for r in INFERENCE_ROLES}
-        wl = Workload(m.workload, cfg.seed, P, G, sim.step_offset)
-        st = steps if steps is not None else cfg.train.steps
+        r = resolve(cfg)
+        costs = {role: tm.role_costs(m, hw, role) for role in INFERENCE_ROLES}
+        wl = Workload(m.workload, cfg.seed, r.prompts_per_step, r.group_size, sim.step_offset)
+        st = steps if steps is not None else r.steps
         warm = min(cfg.train.warmup_steps, st - 1)
         return cls(cfg, costs, wl, st, warm, dict(allocation or {}))
 
     @property
     def num_devices(self) -> int:
-        return int(self.cfg.cluster.num_devices or self.cfg.models.devices)
+        return resolve(self.cfg).num_devices
 
     def control_env(self) -> ControlEnv:
         cfg, m = self.cfg, self.cfg.models
         tau = {r: c.shift_up_s + c.shift_down_s for r, c in self.costs.items()}
         tau[Role.TRAIN] = m.policy.train_shift_up_s + m.policy.train_shift_down_s
-        mode = cfg.deploy.mode.value if hasattr(cfg.deploy.mode, "value") else str(cfg.deploy.mode)
+        r = resolve(cfg)
         return ControlEnv(
             num_devices=self.num_devices, node_size=cfg.cluster.node_size,
             tp={r: c.tp for r, c in self.costs.items()},
             models={r: c.model for r, c in self.costs.items()},
             tau_shift=tau, prompts=self.workload,
             prompts_per_step=self.workload.P, group_size=self.workload.G, steps=self.steps,
-            staleness=0 if mode == "colocated" else cfg.deploy.staleness,
-            allocation=self.allocation, planner=cfg.deploy.planner,
+            staleness=r.staleness, allocation=self.allocation, planner=r.planner,
             kv_reserve=m.sim.kv_reserve_tokens,
             kv_capacity={r: c.kv_capacity for r, c in self.costs.items()})
 
 
 class SimRuntime:
-    """Feeds events to one controller and carries out its actions on simulated replicas."""
+    """The simulator's `Driver` (`pivotrl.runtime.loop`): replicas, event queue and clock."""
+
+    name = "simulation"
+    fit_every_s = None  # the simulated engines run on the model the controller has
 
     def __init__(self, setup: SimSetup, tracker: Any = None, progress: bool = False) -> None:
         self.s = setup
         self.cfg = setup.cfg
         self.tracker = tracker
         self.ctrl = make_controller(self.cfg.deploy.mode, setup.control_env())
-        self.now = 0.0
+        self.t = 0.0
         self._events: list[tuple[float, int, str, Any]] = []
         self._finishes: list[tuple[float, int, str, int]] = []
         self._seq = itertools.count()
         self.replicas: dict[str, SimReplica] = {}
         self.role_of: dict[str, Role] = {}
         self.truth: dict[Role, dict[int, int]] = {r: {} for r in INFERENCE_ROLES}  # aborted: generated
-        self.done = False
         m, hw = self.cfg.models, self.cfg.cluster.hardware
         self.publish_s = tm.publish_time(m.policy, m.sim)
         ctx = self._contexts()
@@ -120,6 +123,13 @@ class SimRuntime:
         self._last_progress = 0.0
         self.sample_s = float(self.cfg.models.sim.throughput_sample_s or 0.0)
         self._last_sample: tuple[float, dict[Role, float]] = (0.0, {r: 0.0 for r in INFERENCE_ROLES})
+        self._sampling = False
+        self.wall_limit = ("models.sim.max_sim_time_s", float(self.cfg.models.sim.max_sim_time_s))
+        self._wall0 = time.perf_counter()
+
+    @property
+    def now(self) -> float:
+        return self.t
 
     def _contexts(self) -> dict[Role, float]:
         """Mean KV length of a running sequence per role, from the workload's first batch."""
@@ -160,73 +170,78 @@ class SimRuntime:
         t, _, kind, payload = heapq.heappop(self._events)
         return t, kind, payload
 
-    # ------------------------------------------------------------------ main loop
+    # ------------------------------------------------------------------ Driver: events
     def run(self) -> dict[str, Any]:
-        wall0 = time.perf_counter()
+        """This simulation through the shared loop; returns the summary (records to `tracker`)."""
+        from pivotrl.runtime.loop import RunLoop
+        from pivotrl.runtime.recorder import Recorder
+
+        r = resolve(self.cfg)
+        rec = Recorder(self.tracker, mode=self.ctrl.name, models=self.cfg.models.name, runtime="sim",
+                       devices=self.s.num_devices, steps=self.s.steps, warmup=self.s.warmup,
+                       prompts_per_step=r.prompts_per_step, group_size=r.group_size)
         if self.progress:
             from tqdm import tqdm
 
             self._bar = tqdm(total=self.s.steps, desc=f"sim {self.ctrl.name}", unit="step", leave=False)
-        self._handle(Start(0.0))
-        if self.ctrl.tick_s:
-            self._push(self.ctrl.tick_s, "tick")
-        if self.sample_s > 0:
-            self._sample()
-            self._push(self.sample_s, "sample")
-        cap = self.cfg.models.sim.max_sim_time_s
         try:
-            while not self.done:
-                nxt = self._next()
-                if nxt is None:
-                    raise RuntimeError(f"simulation of {self.ctrl.name} stalled at t={self.now:.1f}s: no events "
-                                       f"left before step {self.ctrl.step + 1}/{self.s.steps} (state {self.ctrl.state()})")
-                t, kind, payload = nxt
-                if kind not in ("tick", "sample"):
-                    self._last_progress = t
-                elif t - self._last_progress > STUCK_S:
-                    raise RuntimeError(f"simulation of {self.ctrl.name} is stuck: nothing finished, shifted or "
-                                       f"trained for {STUCK_S:.0f} simulated seconds before t={t:.0f}s "
-                                       f"(state {self.ctrl.state()})")
-                if t > cap:
-                    raise RuntimeError(f"simulation passed models.sim.max_sim_time_s={cap}s at step {self.ctrl.step}")
-                self.now = max(self.now, t)
-                if kind == "finish":
-                    self._on_replica(payload)
-                elif kind == "tick":
-                    self._handle(Tick(self.now, progress=self._snapshot()))
-                    if not self.done:
-                        self._push(self.now + self.ctrl.tick_s, "tick")
-                elif kind == "sample":
-                    self._sample()
-                    self._push(self.now + self.sample_s, "sample")
-                elif kind == "shift_done":
-                    self._on_shift_done(*payload)
-                elif kind == "train_done":
-                    self.stats.train_end(self.now)
-                    b, v, secs = payload
-                    self._handle(TrainingDone(self.now, batch=b, version=v, seconds=secs,
-                                              progress=self._snapshot()))
+            return RunLoop(self.ctrl, self, rec).run()
         finally:
             if self._bar is not None:
                 self._bar.close()
-        for rid in list(self.replicas):
-            self.replicas[rid].advance(self.now)
-        summary = self.stats.summary(self, time.perf_counter() - wall0)
-        return summary
 
-    def _on_replica(self, rid: str) -> None:
+    def schedule_tick(self, at: float) -> None:
+        self._push(at, "tick")
+
+    def idle(self) -> bool:
+        return not self._events and not self._finishes
+
+    def wait(self) -> Iterator[Any]:
+        """The next event(s) of the queue; a generator, so a replica's finishes interleave with the
+        controller's reactions to each (exactly as one engine step would deliver them)."""
+        if self.sample_s > 0 and not self._sampling:  # after Start and the first tick are queued
+            self._sampling = True
+            self._sample()
+            self._push(self.sample_s, "sample")
+        nxt = self._next()
+        if nxt is None:
+            raise RuntimeError(f"simulation of {self.ctrl.name} stalled at t={self.t:.1f}s: no events "
+                               f"left before step {self.ctrl.step + 1}/{self.s.steps} (state {self.ctrl.state()})")
+        t, kind, payload = nxt
+        if kind not in ("tick", "sample"):
+            self._last_progress = t
+        elif t - self._last_progress > STUCK_S:
+            raise RuntimeError(f"simulation of {self.ctrl.name} is stuck: nothing finished, shifted or "
+                               f"trained for {STUCK_S:.0f} simulated seconds before t={t:.0f}s "
+                               f"(state {self.ctrl.state()})")
+        self.t = max(self.t, t)
+        if kind == "finish":
+            yield from self._on_replica(payload)
+        elif kind == "tick":
+            yield Tick(self.t, progress=self._snapshot())
+        elif kind == "sample":
+            self._sample()
+            self._push(self.t + self.sample_s, "sample")
+        elif kind == "shift_done":
+            yield self._on_shift_done(*payload)
+        elif kind == "train_done":
+            self.training_finished()
+            b, v, secs = payload
+            yield TrainingDone(self.t, batch=b, version=v, seconds=secs, progress=self._snapshot())
+
+    def _on_replica(self, rid: str) -> Iterator[Any]:
         rep = self.replicas[rid]
-        rep.advance(self.now)
+        rep.advance(self.t)
         role = self.role_of[rid]
         rep.relieve()  # KV full: the engine pauses its newest sequences
-        while not self.done and self.replicas.get(rid) is rep:
+        while self.replicas.get(rid) is rep:
             got = rep.pop_finished()
             if got is None:
                 break
             sid, gen = got
             self.truth[role].pop(sid, None)
             rep.resume()
-            self._handle(SequenceFinished(self.now, role=role, seq_id=sid, generated=gen, replica_id=rid))
+            yield SequenceFinished(self.t, role=role, seq_id=sid, generated=gen, replica_id=rid)
         self._reschedule(rid)
 
     def _snapshot(self) -> dict[Role, dict[int, int]]:
@@ -234,7 +249,7 @@ class SimRuntime:
             return {}
         out: dict[Role, dict[int, int]] = {r: {} for r in INFERENCE_ROLES}
         for rid, rep in self.replicas.items():
-            rep.advance(self.now)
+            rep.advance(self.t)
             out[self.role_of[rid]].update(rep.snapshot())
         return out
 
@@ -242,7 +257,7 @@ class SimRuntime:
         """Tokens emitted so far per role (retired replicas included), replicas advanced to now."""
         out = {r: self.stats.retired[r][2] for r in INFERENCE_ROLES}
         for rid, rep in self.replicas.items():
-            rep.advance(self.now)
+            rep.advance(self.t)
             out[self.role_of[rid]] += rep.tokens
         return out
 
@@ -253,10 +268,10 @@ class SimRuntime:
         T = {r: float(sch[r].throughput()) for r in INFERENCE_ROLES}
         tokens = self._role_tokens()
         t0, tok0 = self._last_sample
-        dt = self.now - t0
+        dt = self.t - t0
         actual = {r.value: ((tokens[r] - tok0[r]) / dt if dt > 0 else 0.0) for r in INFERENCE_ROLES}
-        self._last_sample = (self.now, tokens)
-        rec = {"now": self.now, "step": self.ctrl.step,
+        self._last_sample = (self.t, tokens)
+        rec = {"now": self.t, "step": self.ctrl.step,
                "rollout": T[Role.ROLLOUT], "reward": T[Role.REWARD],
                "overall": eq1_throughput(n[Role.ROLLOUT], T[Role.ROLLOUT], n[Role.REWARD], T[Role.REWARD]),
                "n_rollout": n[Role.ROLLOUT], "n_reward": n[Role.REWARD],
@@ -266,43 +281,38 @@ class SimRuntime:
         if self.tracker is not None:
             self.tracker.log_event("throughput", **rec)
 
-    # ------------------------------------------------------------------ actions
-    def _handle(self, ev) -> None:
-        for act in self.ctrl.handle(ev):
-            if isinstance(act, Dispatch):
-                self._dispatch(act)
-            elif isinstance(act, StartShift):
-                self._start_shift(act)
-            elif isinstance(act, StartTraining):
-                self._start_training(act)
-            elif isinstance(act, PublishWeights):
-                for rid, rep in self.replicas.items():
-                    if self.role_of[rid] == Role.ROLLOUT:
-                        rep.advance(self.now)
-                        rep.stall(self.publish_s)
-                        self._reschedule(rid)
-            elif isinstance(act, Record):
-                self.stats.count_record(act)
-                if self.tracker is not None:
-                    self.tracker.log_event(act.kind, **act.fields)
-            elif isinstance(act, StepDone):
-                row = self.stats.step_done(self, act)
-                if self.tracker is not None:
-                    self.tracker.log_step(row)
-                if self._bar is not None:
-                    self._bar.update(1)
-                    self._bar.set_postfix(tok_s=f"{row['throughput_tokens_per_s']:.0f}")
-            elif isinstance(act, Finish):
-                self.done = True
-            else:
-                raise TypeError(f"sim runtime cannot carry out {type(act).__name__}")
+    # ------------------------------------------------------------------ Driver: actions
+    def publish(self, act: PublishWeights) -> None:
+        for rid, rep in self.replicas.items():
+            if self.role_of[rid] == Role.ROLLOUT:
+                rep.advance(self.t)
+                rep.stall(self.publish_s)
+                self._reschedule(rid)
 
-    def _dispatch(self, act: Dispatch) -> None:
+    def record(self, act: Record) -> None:
+        self.stats.count_record(act)
+
+    def refit(self) -> dict:
+        return {}
+
+    def step_fields(self, act: StepDone, now: float) -> dict[str, Any]:
+        row = self.stats.step_done(self, act)
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.set_postfix(tok_s=f"{row['throughput_tokens_per_s']:.0f}")
+        return row
+
+    def finish(self) -> dict[str, Any]:
+        for rid in list(self.replicas):
+            self.replicas[rid].advance(self.t)
+        return self.stats.summary(self, time.perf_counter() - self._wall0)
+
+    def dispatch(self, act: Dispatch) -> None:
         role, costs, wl = act.role, self.s.costs[act.role], self.s.workload
         dirty: dict[str, None] = {}  # ordered: a str set's order varies with PYTHONHASHSEED
         for mv in act.moves:
             rep = self.replicas[mv.replica_id]
-            rep.advance(self.now)
+            rep.advance(self.t)
             if mv.kind == "abort":
                 self.truth[role][mv.seq_id] = rep.remove(mv.seq_id)
                 rep.resume()
@@ -321,51 +331,65 @@ class SimRuntime:
         for rid in dirty:
             self._reschedule(rid)
 
-    def _start_shift(self, act: StartShift) -> None:
-        plan, pol = act.plan, self.cfg.models.policy
-        down_s = 0.0
+    def start_shift(self, act: StartShift) -> None:
+        plan = act.plan
         for s in plan.down:
             if s.role == Role.TRAIN:
-                down_s = max(down_s, pol.train_shift_down_s)
                 continue
             rep = self.replicas.pop(s.slot_id, None)
             if rep is None:
                 raise RuntimeError(f"shift down of {s.slot_id}: no such replica")
             if not rep.empty:
                 raise RuntimeError(f"shift down of {s.slot_id} with {rep.n + len(rep.paused)} sequences on it")
-            rep.advance(self.now)
+            rep.advance(self.t)
             self.stats.retire(rep, self.role_of.pop(s.slot_id))
-            down_s = max(down_s, self.s.costs[s.role].shift_down_s)
-        up_s = 0.0
-        for s in plan.up:
-            up_s = max(up_s, pol.train_shift_up_s if s.role == Role.TRAIN else self.s.costs[s.role].shift_up_s)
-        self.stats.shift(plan, self.now, down_s + up_s)
-        self._push(self.now + down_s + up_s, "shift_done", (plan, down_s, up_s))
+        down_s, up_s = self.shift_seconds(plan)
+        self.stats.shift(plan, self.t, down_s + up_s)
+        self._push(self.t + down_s + up_s, "shift_done", (plan, down_s, up_s))
 
-    def _on_shift_done(self, plan, down_s: float, up_s: float) -> None:
+    def _on_shift_done(self, plan, down_s: float, up_s: float) -> ShiftDone:
         caps = {}
         for s in plan.up:
             if s.role in INFERENCE_ROLES:
                 c = self.s.costs[s.role]
-                self.replicas[s.slot_id] = SimReplica(s.slot_id, c.model, c.tp, self.now,
+                self.replicas[s.slot_id] = SimReplica(s.slot_id, c.model, c.tp, self.t,
                                                       LOW_FRACTION * self.peak[s.role], c.kv_capacity)
                 self.role_of[s.slot_id] = s.role
                 caps[s.slot_id] = c.kv_capacity
-        self._handle(ShiftDone(self.now, plan=plan, kv_capacity=caps, seconds=(down_s, up_s),
-                               progress=self._snapshot()))
+        return ShiftDone(self.t, plan=plan, kv_capacity=caps, seconds=(down_s, up_s), progress=self._snapshot())
 
-    def _start_training(self, act: StartTraining) -> None:
+    def start_training(self, act: StartTraining) -> None:
+        secs = self.training_seconds(act)
+        self.stats.train_start(self.t, len(act.devices))
+        self._push(self.t + secs, "train_done", (act.batch, act.version + 1, secs))
+
+    # ------------------------------------------------------------------ physics hooks (subclasses)
+    def shift_seconds(self, plan: Any) -> tuple[float, float]:
+        """(down, up) seconds of `plan`: the slowest replica of each half (the time model's)."""
+        pol = self.cfg.models.policy
+        down_s = max([pol.train_shift_down_s if s.role == Role.TRAIN else self.s.costs[s.role].shift_down_s
+                      for s in plan.down] or [0.0])
+        up_s = max([pol.train_shift_up_s if s.role == Role.TRAIN else self.s.costs[s.role].shift_up_s
+                    for s in plan.up] or [0.0])
+        return down_s, up_s
+
+    def training_seconds(self, act: StartTraining) -> float:
+        """Seconds of the training step `act` (the MFU model)."""
         m = self.cfg.models
-        secs = tm.training_time(m.policy, self.cfg.cluster.hardware, m.sim, act.tokens, len(act.devices))
-        self.stats.train_start(self.now, len(act.devices))
-        self._push(self.now + secs, "train_done", (act.batch, act.version + 1, secs))
+        return tm.training_time(m.policy, self.cfg.cluster.hardware, m.sim, act.tokens, len(act.devices))
+
+    def training_finished(self) -> None:
+        """A training step ends now (before its `TrainingDone` reaches the controller)."""
+        self.stats.train_end(self.t)
+
+    def after_event(self) -> None:
+        """Called by the loop after each event's actions were carried out."""
 
 
 def simulate(cfg: PivotConfig, allocation: dict[Role, int] | None = None, steps: int | None = None,
              tracker: Any = None, progress: bool = False) -> dict[str, Any]:
     """One simulated run with a given allocation; returns its summary."""
-    setup = SimSetup.from_config(cfg, allocation, steps)
-    return SimRuntime(setup, tracker, progress).run()
+    return SimRuntime(SimSetup.from_config(cfg, allocation, steps), tracker, progress).run()
 
 
 def run_sim(cfg: PivotConfig, run_dir: Path, tracker: Any) -> dict[str, Any]:

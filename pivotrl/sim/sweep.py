@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pivotrl.config import PivotConfig
+from pivotrl.config.resolve import resolve
 from pivotrl.core.types import Role
 
 CACHE_VERSION = "sim-sweep-v6"  # bump when the simulator's behaviour changes
@@ -35,7 +36,7 @@ def _mode(cfg: PivotConfig) -> str:
 
 
 def sweep_unit(cfg: PivotConfig) -> int:
-    n = int(cfg.cluster.num_devices or cfg.models.devices)
+    n = resolve(cfg).num_devices
     align = max(cfg.models.policy.tp, cfg.models.genrm.tp)
     unit = max(align, n // cfg.models.sim.sweep_units)
     unit = -(-unit // align) * align
@@ -47,7 +48,7 @@ def sweep_unit(cfg: PivotConfig) -> int:
 
 def candidates(cfg: PivotConfig) -> list[dict[Role, int]]:
     """Valid static allocations of a baseline mode on the sweep grid (+ the paper's Table 4)."""
-    n = int(cfg.cluster.num_devices or cfg.models.devices)
+    n = resolve(cfg).num_devices
     unit = sweep_unit(cfg)
     U = n // unit
     mode = _mode(cfg)
@@ -93,7 +94,7 @@ def config_hash(cfg: PivotConfig) -> str:
     models.get("sim", {}).pop("throughput_sample_s", None)  # records only: results do not change
     d = {"v": CACHE_VERSION, "models": models, "cluster": to_jsonable(cfg.cluster),
          "mode": _mode(cfg), "staleness": cfg.deploy.staleness,
-         "planner": to_jsonable(cfg.deploy.planner), "seed": cfg.seed,
+         "planner": to_jsonable(resolve(cfg).planner), "seed": cfg.seed,
          "train": {k: getattr(cfg.train, k) for k in ("warmup_steps", "prompts_per_step", "group_size")},
          # the sweep's run length changes its measurements (a 4-step sweep must not reuse 7-step results)
          "sweep_steps": cfg.models.sim.sweep_steps or cfg.train.steps}
@@ -148,7 +149,7 @@ def resolve_allocation(cfg: PivotConfig, cache_dir: Path | None = None, progress
                        jobs: int = 1) -> tuple[dict[Role, int], dict[str, Any]]:
     """The allocation a run uses, and a JSON-able note of where it came from."""
     mode = _mode(cfg)
-    n = int(cfg.cluster.num_devices or cfg.models.devices)
+    n = resolve(cfg).num_devices
     a = cfg.deploy.allocation
     if mode == "colocated":
         return {}, {"source": "all devices serve every role", "devices": n}

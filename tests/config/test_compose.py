@@ -6,11 +6,11 @@ import itertools
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
-from omegaconf import OmegaConf
 
-from pivotrl.config import ClusterKind, DeployMode, PivotConfig, register_configs
+from pivotrl.config import ClusterKind, ConfigError, DeployMode, PivotConfig, compose_config, register_configs
+from pivotrl.config.deploy import DEPLOY_SCHEMAS
+from pivotrl.config.resolve import resolve
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 register_configs()
@@ -21,8 +21,7 @@ def group_options(group: str) -> list[str]:
 
 
 def make(overrides: list[str]) -> PivotConfig:
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        return OmegaConf.to_object(compose("config", overrides=overrides))  # type: ignore[return-value]
+    return compose_config(overrides)
 
 
 def test_groups_are_the_documented_ones():
@@ -40,7 +39,8 @@ def test_every_combination_composes(deploy, models, cluster):
     assert cfg.deploy.mode.value == deploy
     assert cfg.models.name == models
     assert cfg.cluster.kind.value == cluster
-    assert cfg.cluster.num_devices >= 1
+    assert type(cfg.deploy) is DEPLOY_SCHEMAS[deploy]  # each mode composes its own schema
+    assert resolve(cfg).num_devices >= 1
 
 
 def test_default_is_the_embedded_real_run():
@@ -62,6 +62,18 @@ def test_default_is_the_embedded_real_run():
     (["deploy.planner.horizon_s=-5"], "horizon_s"),
     (["deploy.staleness=-1"], "staleness"),
     (["cluster.num_devices=0"], "empty cluster"),
+    (["train.group_size=1"], "train.group_size"),
+    (["deploy.allocation.train=4"], "deploy.allocation.train"),          # home set == every device
+    (["algo.lr=inf"], "algo.lr"),
+    (["reward.genrm_weight=nan"], "reward.genrm_weight"),
+    (["cluster=sim", "deploy.planner.horizon_s=inf"], "deploy.planner.horizon_s"),
+    (["+deploy.planer.H=5"], "deploy.planer"),                           # a misspelled + key
+    (["+algo.lrr=0.1"], "algo.lrr"),
+    (["cluster.runtime.lr=0.1"], "algo.lr"),                             # renamed: names the new key
+    (["models.sim.prompts_per_step=8"], "train.prompts_per_step"),
+    (["algo.staleness=3"], "deploy.staleness"),                          # derived: says where to set it
+    (["deploy=colocated", "deploy.allocation.train=1"], "deploy.allocation"),
+    (["cluster.accelerator=tpu"], "cluster.accelerator"),
     (["cluster=sim", "models=qwen7b_qwen30b", "cluster.num_devices=36"], "node_size"),
     (["logging.wandb_mode=sometimes"], "wandb_mode"),
 ])
@@ -70,3 +82,30 @@ def test_bad_input_names_the_field(overrides, needle):
         make(overrides)
     text = str(exc.value) + " " + str(exc.value.__cause__ or "")
     assert needle in text, text
+
+
+def test_model_groups_pick_their_presets():
+    tiny, paper = make([]), make(["cluster=sim", "models=qwen7b_qwen30b"])
+    assert tiny.algo.lr == 5e-4 and tiny.algo.ppo_mini_batches == 2 and tiny.train.prompts_per_step == 64
+    assert paper.algo.lr == 1e-6 and paper.train.prompts_per_step == 256 and paper.train.group_size == 8
+    # the user's value wins over the group's preset, in every runtime (train.* is never ignored)
+    assert make(["cluster=sim", "models=qwen7b_qwen30b", "train.prompts_per_step=32"]).train.prompts_per_step == 32
+    assert make(["cluster=ray", "models=qwen7b_qwen30b"]).engine.name == "vllm"
+    assert make(["cluster=local"]).engine.name == "cpu"
+
+
+def test_resolve_derives_without_mutating():
+    cfg = make(["deploy=colocated"])
+    assert cfg.cluster.num_devices is None  # validation leaves the user's null alone
+    r = resolve(cfg)
+    assert (r.num_devices, r.staleness, r.allocation) == (4, 0, {})
+    p = resolve(make([]))
+    assert p.allocation == {"train": 1} and p.staleness == 2 and p.lr_decay_steps == 30
+    t = p.trainer(make([]), world_size=2)
+    assert (t.world_size, t.staleness, t.backend, t.lr_decay_steps, t.lr) == (2, 2, "gloo", 30, 5e-4)
+
+
+def test_config_error_carries_the_path():
+    with pytest.raises(ConfigError) as exc:
+        make(["algo.clip_ratio_low=2"])
+    assert exc.value.path == "algo" and exc.value.field == "clip_ratio_low" and "(0, 1)" in str(exc.value)

@@ -1,5 +1,5 @@
-"""The control plane is pure: importing pivotrl.core.* and pivotrl.deploy.* pulls in no torch, ray
-or vllm (checked in a fresh interpreter, over whatever modules exist)."""
+"""The control plane is pure: importing pivotrl.core.* and pivotrl.deploy.* pulls in no torch, ray,
+vllm, omegaconf or hydra (checked in a fresh interpreter, over whatever modules exist)."""
 import json
 import subprocess
 import sys
@@ -19,12 +19,12 @@ for pkg in ("pivotrl.core", "pivotrl.deploy"):
     for m in pkgutil.walk_packages(mod.__path__, pkg + "."):
         importlib.import_module(m.name)
         names.append(m.name)
-heavy = sorted(k for k in sys.modules if k.split(".")[0] in ("torch", "ray", "vllm"))
+heavy = sorted(k for k in sys.modules if k.split(".")[0] in ("torch", "ray", "vllm", "omegaconf", "hydra"))
 print(json.dumps({"imported": names, "heavy": heavy}))
 """
 
 
-def test_core_and_deploy_import_no_torch_ray_vllm():
+def test_core_and_deploy_import_no_torch_ray_vllm_omegaconf_hydra():
     out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr

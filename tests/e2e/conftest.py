@@ -32,25 +32,14 @@ def tiny_assets(tmp_path_factory):
     return {"policy": root / "policy", "genrm": root / "genrm", "train": train, "val": val}
 
 
-def make_local_cfg(assets, mode: str, overrides: list[str] = (), **runtime):
-    """A composed `cluster=local` PivotConfig for 2 tiny steps, with a RuntimeConfig attached."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+def make_local_cfg(assets, mode: str, overrides: list[str] = ()):
+    """A composed `cluster=local` PivotConfig for 2 tiny steps on the given tiny checkpoints."""
+    from pivotrl.config import compose_config
 
-    from pivotrl.config import register_configs
-    from pivotrl.config.engine import EngineConfig
-    from pivotrl.config.rl import BootstrapConfig, DataConfig
-    from pivotrl.config.runtime import RuntimeConfig
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = OmegaConf.to_object(compose("config", overrides=[
-            f"deploy={mode}", "cluster=local", f"models.policy.hf_path={assets['policy']}",
-            f"models.genrm.hf_path={assets['genrm']}", "train.steps=2", "train.prompts_per_step=2",
-            "train.group_size=4", "logging.wandb_mode=disabled", "logging.progress=false", *overrides]))
-    kw = dict(val_size=4, max_response_tokens=12, max_wall_s=600,
-              engine=EngineConfig(name="cpu", num_threads=1, max_num_seqs=32, kv_capacity_tokens=8192),
-              bootstrap=BootstrapConfig(data=DataConfig(train_path=str(assets["train"]), val_path=str(assets["val"]))))
-    kw.update(runtime)
-    cfg.cluster.runtime = RuntimeConfig(**kw)
-    return cfg
+    return compose_config([
+        f"deploy={mode}", "cluster=local", f"models.policy.hf_path={assets['policy']}",
+        f"models.genrm.hf_path={assets['genrm']}", f"data.train_path={assets['train']}",
+        f"data.val_path={assets['val']}", "data.val_size=4", "data.max_response_length=12",
+        "cluster.max_wall_s=600", "engine.max_num_seqs=32", "engine.kv_capacity_tokens=8192",
+        "train.steps=2", "train.prompts_per_step=2", "train.group_size=4", "logging.wandb_mode=disabled",
+        "logging.progress=false", *overrides])

@@ -403,7 +403,7 @@ def test_bfloat16_compute_keeps_float32_master_weights(model_path):
     ],
 )
 def test_config_errors_name_the_field(kw, field):
-    with pytest.raises(ValueError, match=f"TrainerConfig.{field}="):
+    with pytest.raises(ValueError, match=f"^{field}="):  # the loader prefixes the path (algo.)
         TrainerConfig(**kw)
 
 

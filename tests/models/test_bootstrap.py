@@ -17,9 +17,11 @@ from pivotrl.rl.rewards import verifiable_score
 ARCH = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
 
 
+DATA = DataConfig(num_train=16, val_size=4)
+
+
 def tiny_cfg(**kw) -> BootstrapConfig:
-    base = dict(data=DataConfig(num_train=16, num_val=8), policy=ARCH, genrm=ARCH, policy_steps=2,
-                genrm_steps=2, batch_size=4, eval_size=4, warmup_steps=1)
+    base = dict(policy=ARCH, genrm=ARCH, policy_steps=2, genrm_steps=2, batch_size=4, warmup_steps=1)
     return BootstrapConfig(**{**base, **kw})
 
 
@@ -27,27 +29,27 @@ def test_build_then_reuse(tmp_path, monkeypatch) -> None:
     torch.set_num_threads(1)
     monkeypatch.setenv("PIVOTRL_CACHE", str(tmp_path))
     cfg = tiny_cfg()
-    first = bootstrap(cfg, progress=False)
+    first = bootstrap(cfg, DATA, progress=False)
     assert not first.cached
-    assert first.policy_path.parent == tmp_path / "bootstrap" / cache_key(cfg)
+    assert first.policy_path.parent == tmp_path / "bootstrap" / cache_key(cfg, DATA)
     for path in (first.policy_path, first.genrm_path):
         model, tok = load_tiny_model(path)
         assert model.config.hidden_size == 32 and tok.eos_token_id == model.config.eos_token_id
-    assert len(load_examples(first.train_path)) == 16 and len(load_examples(first.val_path)) == 8
+    assert len(load_examples(first.train_path)) == 16 and len(load_examples(first.val_path)) == 4
     r = first.report
     assert 0.0 <= r["policy_val_accuracy_sampled_t1"] <= 1.0
     assert r["genrm_on_policy_samples"]["n"] == 4 and r["genrm_init"] == "policy"
     assert not [p for p in (tmp_path / "bootstrap").iterdir() if p.name.startswith(".")]
 
     mtime = os.path.getmtime(first.policy_path / "model.safetensors")
-    again = bootstrap(cfg, progress=False)
+    again = bootstrap(cfg, DATA, progress=False)
     assert again.cached and again.policy_path == first.policy_path and again.report == first.report
     assert os.path.getmtime(first.policy_path / "model.safetensors") == mtime
 
-    other = bootstrap(tiny_cfg(seed=1), progress=False)
+    other = bootstrap(tiny_cfg(seed=1), DATA, progress=False)
     assert not other.cached and other.policy_path != first.policy_path
 
-    forced = bootstrap(cfg, progress=False, force=True)
+    forced = bootstrap(cfg, DATA, progress=False, force=True)
     assert not forced.cached and forced.policy_path == first.policy_path
 
 
@@ -55,16 +57,19 @@ def test_stale_tmp_of_dead_process_is_removed(tmp_path) -> None:
     cfg = tiny_cfg()
     parent = tmp_path / "bootstrap"
     parent.mkdir()
-    stale = parent / f".{cache_key(cfg)}.tmp-999999999-abc"  # no such pid
+    stale = parent / f".{cache_key(cfg, DATA)}.tmp-999999999-abc"  # no such pid
     stale.mkdir()
-    bootstrap(cfg, cache_dir=tmp_path, progress=False)
+    bootstrap(tiny_cfg(cache_dir=str(tmp_path)), DATA, progress=False)
     assert not stale.exists()
 
 
 def test_cache_key_depends_on_every_field() -> None:
-    assert cache_key(tiny_cfg()) == cache_key(tiny_cfg())
-    assert cache_key(tiny_cfg()) != cache_key(tiny_cfg(policy_label_noise=0.1))
-    assert cache_key(tiny_cfg()) != cache_key(tiny_cfg(lr=1e-3))
+    assert cache_key(tiny_cfg(), DATA) == cache_key(tiny_cfg(), DATA)
+    assert cache_key(tiny_cfg(), DATA) != cache_key(tiny_cfg(policy_label_noise=0.1), DATA)
+    assert cache_key(tiny_cfg(), DATA) != cache_key(tiny_cfg(lr=1e-3), DATA)
+    assert cache_key(tiny_cfg(), DATA) != cache_key(tiny_cfg(), DataConfig(num_train=16, val_size=4, seed=1))
+    # where the cache lives is not what it holds
+    assert cache_key(tiny_cfg(), DATA) == cache_key(tiny_cfg(cache_dir="/elsewhere"), DATA)
 
 
 def test_sft_examples_are_labelled_correctly() -> None:

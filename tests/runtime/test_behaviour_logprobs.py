@@ -27,8 +27,8 @@ def setup(tiny_assets, tmp_path):
     from pivotrl.rl.data import load_examples
     from pivotrl.runtime.local_setup import LocalPrompts, LocalSetup
 
-    cfg = make_local_cfg(tiny_assets, "pivot", rollout_temperature=TEMP, max_response_tokens=160)
-    s = LocalSetup(cfg, cfg.cluster.runtime, tmp_path)
+    cfg = make_local_cfg(tiny_assets, "pivot", [f"algo.rollout_temperature={TEMP}", "data.max_response_length=160"])
+    s = LocalSetup(cfg, tmp_path)
     from pivotrl.models.tokenizer import load_tokenizer
 
     s.tok = load_tokenizer(tiny_assets["policy"])

@@ -9,8 +9,8 @@ ray = pytest.importorskip("ray")
 from tests.e2e.conftest import make_local_cfg  # noqa: E402
 
 
-def _ray_cfg(tiny_assets, mode, devices):
-    cfg = make_local_cfg(tiny_assets, mode, [f"cluster.num_devices={devices}"])
+def _ray_cfg(tiny_assets, mode, devices, overrides=()):
+    cfg = make_local_cfg(tiny_assets, mode, [f"cluster.num_devices={devices}", *overrides])
     cfg.cluster.kind = type(cfg.cluster.kind)("ray")
     return cfg
 
@@ -19,7 +19,6 @@ def _ray_cfg(tiny_assets, mode, devices):
 def test_run_ray_trains_on_gpus(tiny_assets, tmp_path):
     import torch
 
-    from pivotrl.config.engine import EngineConfig
     from pivotrl.runtime.ray_cluster import run_ray
 
     n = torch.cuda.device_count()
@@ -27,8 +26,8 @@ def test_run_ray_trains_on_gpus(tiny_assets, tmp_path):
         ray.shutdown()
     ray.init(address="local", num_gpus=n, include_dashboard=False, configure_logging=False)
     try:
-        cfg = _ray_cfg(tiny_assets, "colocated", n)
-        cfg.cluster.runtime.engine = EngineConfig(name="auto", max_num_seqs=64, vllm_gpu_memory_utilization=0.3)
+        cfg = _ray_cfg(tiny_assets, "colocated", n, ["engine.name=auto", "engine.max_num_seqs=64",
+                                                     "engine.vllm_gpu_memory_utilization=0.3"])
         summary = run_ray(cfg, tmp_path, None)
     finally:
         ray.shutdown()

@@ -10,7 +10,7 @@ from pivotrl.core.types import INFERENCE_ROLES, Role
 from pivotrl.deploy.events import StartTraining, StepDone
 from pivotrl.sim.runtime import SimRuntime, SimSetup
 
-SMALL = ["cluster.num_devices=8", "models.sim.prompts_per_step=8", "models.sim.group_size=4", "train.steps=4"]
+SMALL = ["cluster.num_devices=8", "train.prompts_per_step=8", "train.group_size=4", "train.steps=4"]
 ALLOC = {
     "colocated": None,
     "disaggregated": {Role.ROLLOUT: 2, Role.REWARD: 4, Role.TRAIN: 2},

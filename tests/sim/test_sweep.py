@@ -26,7 +26,7 @@ def test_grid_is_valid_and_holds_table4(make_cfg, group):
 
 def test_sweep_picks_the_best_and_caches(make_cfg, tmp_path):
     cfg = make_cfg("models=qwen1.5b_glm9b", "deploy=rr_colocated", "cluster.num_devices=8",
-                   "models.sim.prompts_per_step=4", "models.sim.group_size=2", "models.sim.sweep_units=4",
+                   "train.prompts_per_step=4", "train.group_size=2", "models.sim.sweep_units=4",
                    "train.steps=3")
     res = sweep(cfg, tmp_path)
     assert res["runs"] == 3 and res["cached"] == 0

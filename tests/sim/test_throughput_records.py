@@ -10,7 +10,7 @@ from pivotrl.core.types import Role
 from pivotrl.sim.runtime import SimRuntime, SimSetup
 from pivotrl.sim.sweep import config_hash
 
-SMALL = ["cluster.num_devices=8", "models.sim.prompts_per_step=8", "models.sim.group_size=4", "train.steps=3",
+SMALL = ["cluster.num_devices=8", "train.prompts_per_step=8", "train.group_size=4", "train.steps=3",
          "models=qwen1.5b_glm9b"]
 ALLOC = {"colocated": None, "disaggregated": {Role.ROLLOUT: 2, Role.REWARD: 4, Role.TRAIN: 2},
          "rr_colocated": {Role.ROLLOUT: 4, Role.REWARD: 0, Role.TRAIN: 4}, "pivot": {Role.TRAIN: 4}}
@@ -85,7 +85,7 @@ def test_sampling_does_not_change_the_simulation(make_cfg):
 def test_records_reach_the_timeline_file(make_cfg, tmp_path):
     from artifact.common import read_jsonl, run_one
 
-    run_one(["experiment=quick", "models.sim.prompts_per_step=8", "models.sim.group_size=2",
+    run_one(["experiment=quick", "train.prompts_per_step=8", "train.group_size=2",
              "deploy=pivot", "models.sim.throughput_sample_s=5"], tmp_path / "run")
     recs = [r for r in read_jsonl(tmp_path / "run" / "timeline.jsonl") if r["kind"] == "throughput"]
     assert recs and set(recs[0]["allocation"]) == {"rollout", "reward", "train", "free"}

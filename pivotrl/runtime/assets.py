@@ -1,0 +1,79 @@
+"""What a real run loads before it starts: the policy and GenRM checkpoints and the data.
+
+Owns the one rule of where models and data come from, shared by every real runtime (`local`,
+`ray`, `inproc`):
+- both `models.*.hf_path` set: those checkpoints, and the user's `data.train_path`/`val_path`
+  (a real checkpoint needs real data; a missing path is an error naming it);
+- both null: the tiny models from the cached SFT bootstrap (`models.bootstrap`), on the synthetic
+  task, unless `data.train_path`/`val_path` name the user's parquet, which is then used;
+- one set and one null is an error: a user's checkpoint is never silently replaced by a tiny one.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pivotrl.config.base import ConfigError
+
+
+@dataclass(frozen=True)
+class Assets:
+    policy_path: Path
+    genrm_path: Path
+    train_path: Path
+    val_path: Path
+    bootstrap_info: dict[str, Any] = field(default_factory=dict)
+    """`cached`, `seconds`, the bootstrapped policy's greedy accuracy; empty for user checkpoints."""
+
+
+def _existing(path: str | None, key: str, what: str) -> Path:
+    if not path:
+        raise ConfigError(key, f"the path of {what}", path)
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigError(key, f"an existing path of {what} (nothing at {p})", path)
+    return p
+
+
+def load_assets(cfg: Any, progress: bool = False) -> Assets:
+    """The checkpoints and data of run `cfg` (rules in the module docstring)."""
+    m, d = cfg.models, cfg.data
+    user = {"policy": m.policy.hf_path, "genrm": m.genrm.hf_path}
+    if any(user.values()):
+        for role, path in user.items():
+            if not path:
+                other = "genrm" if role == "policy" else "policy"
+                raise ConfigError("hf_path", f"a checkpoint too: models.{other}.hf_path is set, and a "
+                                  "tiny model is never mixed in silently", path, f"models.{role}")
+        policy = _existing(user["policy"], "models.policy.hf_path", "the policy checkpoint")
+        genrm = _existing(user["genrm"], "models.genrm.hf_path", "the GenRM checkpoint")
+        train = _existing(d.train_path, "data.train_path", "a verl-format train parquet (real checkpoints "
+                          "need real data)")
+        val = _existing(d.val_path, "data.val_path", "a verl-format validation parquet")
+        return Assets(policy, genrm, train, val)
+    from pivotrl.models.bootstrap import bootstrap
+
+    t0 = time.perf_counter()
+    res = bootstrap(m.bootstrap, d, progress=progress)
+    info = {"cached": res.cached, "seconds": time.perf_counter() - t0,
+            "policy_val_accuracy_greedy": res.report.get("policy_val_accuracy_greedy")}
+    train = _existing(d.train_path, "data.train_path", "a train parquet") if d.train_path else res.train_path
+    val = _existing(d.val_path, "data.val_path", "a validation parquet") if d.val_path else res.val_path
+    return Assets(res.policy_path, res.genrm_path, train, val, info)
+
+
+def load_val_examples(path: Path, limit: int) -> list:
+    """The held-out examples (at most `limit`); an empty or unreadable set is an error naming it."""
+    from pivotrl.rl.data import load_examples
+
+    try:
+        val = load_examples(path, limit=limit)
+    except Exception as e:
+        raise ConfigError("val_path", f"a readable verl-format parquet ({type(e).__name__}: {e})", str(path),
+                          "data") from None
+    if not val:
+        raise ConfigError("val_path", "a parquet with at least one row (held-out accuracy needs prompts)",
+                          str(path), "data")
+    return val

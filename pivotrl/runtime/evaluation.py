@@ -1,0 +1,54 @@
+"""Prompt encoding and held-out accuracy, shared by every real runtime.
+
+Owns `encode_prompt` (the one prompt encoding of the project: chat template, length check),
+`sample` (n responses per prompt from an engine) and `evaluate` (held-out accuracy: sampled at the
+rollout temperature, `data.val_samples` per prompt, and greedy). Knows nothing about Ray or
+device shifting: it takes an inference engine.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any
+
+from pivotrl.engines.protocol import GenerationRequest, InferenceEngine, SamplingParams
+from pivotrl.rl.rewards import verifiable_score
+
+_ids = itertools.count()
+
+
+def encode_prompt(tok: Any, messages: list[dict], max_len: int) -> list[int]:
+    """Chat-template token ids of `messages` with the generation prompt; an error past `max_len`."""
+    ids = list(tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False))
+    if len(ids) > max_len:
+        raise ValueError(f"prompt of {len(ids)} tokens exceeds data.max_prompt_length={max_len}: "
+                         f"{messages[-1]['content'][:80]!r}")
+    return ids
+
+
+def decode(tok: Any, ids: list[int]) -> str:
+    return tok.decode(ids, skip_special_tokens=True)
+
+
+def sample(engine: InferenceEngine, prompts: list[list[int]], n: int, params: SamplingParams,
+           seed: int) -> list[list[list[int]]]:
+    """`n` responses (token ids, EOS included when sampled) per prompt, in prompt order."""
+    reqs = []
+    for i, p in enumerate(prompts):
+        for j in range(n):
+            sp = dataclasses.replace(params, seed=None if params.greedy else seed + i * n + j)
+            reqs.append(GenerationRequest(seq_id=next(_ids), prompt_ids=p, params=sp))
+    done = engine.generate(reqs)
+    return [[c.token_ids for c in done[i * n:(i + 1) * n]] for i in range(len(prompts))]
+
+
+def evaluate(engine: InferenceEngine, tok: Any, val: list, *, temperature: float, samples: int, seed: int,
+             max_prompt_len: int, max_tokens: int) -> dict[str, float]:
+    """Held-out accuracy: `sampled` (at `temperature`, `samples` per prompt) and `greedy`."""
+    prompts = [encode_prompt(tok, e.prompt, max_prompt_len) for e in val]
+    sampled = sample(engine, prompts, samples, SamplingParams(temperature=temperature, max_tokens=max_tokens),
+                     seed=10_000_000 + seed)
+    greedy = sample(engine, prompts, 1, SamplingParams(temperature=0.0, max_tokens=max_tokens), seed=0)
+    acc_s = sum(verifiable_score(decode(tok, r), e.ground_truth) for e, rs in zip(val, sampled) for r in rs)
+    acc_g = sum(verifiable_score(decode(tok, rs[0]), e.ground_truth) for e, rs in zip(val, greedy))
+    return {"sampled": acc_s / (len(val) * samples), "greedy": acc_g / len(val)}

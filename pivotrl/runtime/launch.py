@@ -1,0 +1,89 @@
+"""The devices of a real run: the Ray cluster, the device actors (through the executor), the GPS
+holding the policy and the frozen GenRM, the checkpoint a resume starts from, and teardown.
+
+`cluster=local` and `cluster=ray` differ only here, in how the cluster starts (`cluster.py`: a
+private Ray instance with virtual devices, or a running cluster's GPUs) and in the accelerator
+the role specs name (`cluster.accelerator`, resolved: gloo and CPU engines, or NCCL and vLLM).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from pivotrl.core.types import Role, Slot
+from pivotrl.runtime.roles import RoleSpec
+
+log = logging.getLogger(__name__)
+
+
+class Launch:
+    """Cluster, executor and GPS of one real run; `close()` releases all of them."""
+
+    def __init__(self, cfg: Any, resolved: Any, policy_path: Path, genrm_path: Path, run_dir: Path) -> None:
+        self.cfg, self.r = cfg, resolved
+        self.policy_path, self.genrm_path = Path(policy_path), Path(genrm_path)
+        self.run_dir = Path(run_dir)
+        self.checkpoint_dir = self.run_dir / "checkpoints"
+        self._pg_file = self.run_dir / f".pg_init_{os.getpid()}_{time.time_ns()}"
+        self.cluster: Any = None
+        self.executor: Any = None
+        self.params: Any = None
+        self.resume_path: Path | None = None
+        self.resume_version = 0
+
+    def start(self) -> None:
+        """GPS first (a resume restores the policy there), then the cluster and its devices."""
+        from pivotrl.runtime.cluster import ClusterSpec, start_cluster
+        from pivotrl.runtime.executor import Executor, ParamSource
+
+        self.params = ParamSource.create(self.cfg.cluster.gps)
+        self.params.register_hf("policy", str(self.policy_path), frozen=False)
+        self.params.register_hf("genrm", str(self.genrm_path), frozen=True)
+        if bool(self.cfg.train.resume):
+            self._find_checkpoint()
+        self.cluster = start_cluster(ClusterSpec.from_config(self.cfg.cluster, self.r.num_devices))
+        self.executor = Executor(self.cluster, self.role_spec, self.params, {Role.ROLLOUT: "policy", Role.REWARD: "genrm"})
+        self.executor.wait_ready()
+
+    def _find_checkpoint(self) -> None:
+        """`train.resume=true`: continue from the newest complete checkpoint in the run folder."""
+        from pivotrl.engines.cpu_engine import load_hf_model
+        from pivotrl.engines.trainer import latest_checkpoint
+
+        ck = latest_checkpoint(self.checkpoint_dir)
+        if ck is None:
+            log.warning("train.resume=true but %s holds no complete checkpoint: starting fresh", self.checkpoint_dir)
+            return
+        k = int(json.loads((ck / "trainer_state.json").read_text())["version"])
+        if k >= self.r.steps:
+            raise ValueError(f"train.resume: checkpoint {ck} is at step {k}, train.steps={self.r.steps} leaves "
+                             "nothing to run (raise train.steps)")
+        self.params.restore("policy", load_hf_model(ck / "hf").state_dict(), k)
+        self.resume_path, self.resume_version = ck, k
+
+    def role_spec(self, slot: Slot, index: int) -> RoleSpec:
+        """What device `index` of `slot` must become (the executor calls this on shift up)."""
+        if slot.role == Role.TRAIN:
+            return RoleSpec(Role.TRAIN, "policy", str(self.policy_path), trainer=self.r.trainer(self.cfg, slot.tp),
+                            rank=index, world_size=slot.tp, init_method=f"file://{self._pg_file}",
+                            resume_from=str(self.resume_path) if self.resume_path else None)
+        path = self.policy_path if slot.role == Role.ROLLOUT else self.genrm_path
+        return RoleSpec(slot.role, "policy" if slot.role == Role.ROLLOUT else "genrm", str(path),
+                        engine=self.cfg.engine)
+
+    def close(self) -> None:
+        try:
+            if self.executor is not None:
+                self.executor.close()
+        finally:
+            try:
+                if self.cluster is not None:
+                    self.cluster.shutdown()
+            finally:
+                if self.params is not None:
+                    self.params.close()
+                self._pg_file.unlink(missing_ok=True)

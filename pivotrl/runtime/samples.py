@@ -1,0 +1,122 @@
+"""Samples of a real run: the prompts as token ids, engine requests, judge prompts, scoring, and
+the GRPO batches handed to the trainer.
+
+Owns the mapping of global sample ids (`batch * P * G + prompt * G + index`, `deploy/events.py`)
+to training examples (`LocalPrompts`, the controller's `PromptSource`), how each role's request
+is built (sampling settings: `algo.rollout_temperature` and `data.max_response_length` for the
+policy, `reward.genrm_*` for the GenRM), the judge prompt of a finished response, the reward of a
+judgement, and the train batch of a list of samples. Knows nothing about devices or Ray.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pivotrl.core.types import Role
+from pivotrl.runtime.ledger import Tokens
+
+
+@dataclass
+class LocalPrompt:
+    prompt_id: int
+    batch: int
+    prompt_len: int
+    example: int
+
+
+class LocalPrompts:
+    """`PromptSource` over the training examples: batch `b` takes examples `b*P .. b*P+P-1` (cyclic)."""
+
+    def __init__(self, prompt_ids: list[list[int]], per_batch: int) -> None:
+        if not prompt_ids:
+            raise ValueError("the training data has no prompts")
+        self.ids = prompt_ids
+        self.P = per_batch
+
+    def example_of(self, batch: int, prompt_id: int) -> int:
+        return (batch * self.P + prompt_id) % len(self.ids)
+
+    def prompts(self, batch: int) -> list[LocalPrompt]:
+        out = []
+        for p in range(self.P):
+            e = self.example_of(batch, p)
+            out.append(LocalPrompt(p, batch, len(self.ids[e]), e))
+        return out
+
+
+class Samples:
+    """Requests, judge prompts, rewards and train batches of run `cfg` over `train_examples`."""
+
+    def __init__(self, cfg: Any, tok: Any, train_examples: list, prompts_per_step: int, group_size: int,
+                 max_response: int) -> None:
+        from pivotrl.rl.rewards import RewardFunction
+
+        self.cfg, self.tok, self.examples = cfg, tok, train_examples
+        self.P, self.G, self.max_response = prompts_per_step, group_size, max_response
+        self.prompt_ids = [self.encode(e.prompt) for e in train_examples]
+        self.source = LocalPrompts(self.prompt_ids, self.P)
+        self.reward_fn = RewardFunction(cfg.reward)
+
+    def encode(self, messages: list[dict[str, str]], extra: int = 0) -> list[int]:
+        """Chat-template ids; `extra` tokens of room beyond `data.max_prompt_length` (judge
+        prompts carry the response and the judge template too)."""
+        from pivotrl.runtime.evaluation import encode_prompt  # the one prompt encoding of the project
+
+        return encode_prompt(self.tok, messages, self.cfg.data.max_prompt_length + extra)
+
+    def batch_of(self, sid: int) -> int:
+        return sid // (self.P * self.G)
+
+    def example_of(self, sid: int) -> int:
+        b, r = divmod(sid, self.P * self.G)
+        return self.source.example_of(b, r // self.G)
+
+    def prompt_len(self, sid: int) -> int:
+        return len(self.prompt_ids[self.example_of(sid)])
+
+    def request(self, role: Role, sid: int, generated: Tokens, judge_ids: list[int] | None) -> Any:
+        """The engine request of sequence `sid` of `role`, resuming from `generated`."""
+        from pivotrl.engines.protocol import GenerationRequest, SamplingParams
+
+        done = generated.for_engine()
+        if role == Role.ROLLOUT:
+            params = SamplingParams(temperature=self.cfg.algo.rollout_temperature, max_tokens=self.max_response,
+                                    seed=(int(self.cfg.seed) * 1_000_003 + sid) % (2**31))
+            return GenerationRequest(sid, self.prompt_ids[self.example_of(sid)], params, generated=list(done),
+                                     generated_logprobs=done.logprobs)
+        if judge_ids is None:
+            raise RuntimeError(f"reward sequence {sid} dispatched before its response finished")
+        rc = self.cfg.reward
+        params = SamplingParams(temperature=rc.genrm_temperature, max_tokens=rc.genrm_max_tokens)
+        return GenerationRequest(sid, judge_ids, params, generated=list(done), generated_logprobs=done.logprobs)
+
+    def text(self, ids: Any) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=True)
+
+    def judge_prompt(self, sid: int, response: Tokens) -> list[int]:
+        from pivotrl.rl.genrm import judge_messages
+
+        ex = self.examples[self.example_of(sid)]
+        # room for the response (at most max_response tokens) and the judge template around it
+        return self.encode(judge_messages(ex.prompt, self.text(response.ids)), extra=self.max_response + 64)
+
+    def score(self, sid: int, response: Tokens, judgement: Tokens) -> Any:
+        ex = self.examples[self.example_of(sid)]
+        return self.reward_fn(ex.data_source, self.text(response.ids), ex.ground_truth, ex.extra_info,
+                              genrm_text=self.text(judgement.ids))
+
+    def train_batch(self, ids: list[int], rewards: dict[int, float], responses: dict[int, Tokens],
+                    versions: dict[int, int]) -> Any:
+        """The GRPO batch of samples `ids`. The rollouts' behaviour log-probs become
+        `old_log_probs`, so the trainer's importance ratio corrects for staleness; if any sample
+        lacks them the batch carries none (the trainer then recomputes them: ratio 1), never a mix."""
+        from pivotrl.engines.trainer_worker import TrainBatch
+
+        old = None
+        if all(responses[s].logprobs is not None for s in ids):
+            old = [list(responses[s].logprobs) for s in ids]
+        return TrainBatch(prompt_ids=[self.prompt_ids[self.example_of(s)] for s in ids],
+                          response_ids=[list(responses[s].ids) for s in ids],
+                          versions=[int(versions[s]) for s in ids],
+                          rewards=[float(rewards[s]) for s in ids],
+                          group_ids=[s // self.G for s in ids], old_log_probs=old)
