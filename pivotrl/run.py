@@ -14,8 +14,8 @@ from pivotrl.config import PivotConfig
 # name -> "module:function". Imported lazily so `cluster=sim` never imports torch or Ray.
 RUNTIMES: dict[str, str] = {
     "sim": "pivotrl.sim.runtime:run_sim",
-    "local": "pivotrl.runtime.local:run_local",
-    "ray": "pivotrl.runtime.ray_cluster:run_ray",
+    "local": "pivotrl.runtime.real:run_real",
+    "ray": "pivotrl.runtime.real:run_real",
     "inproc": "pivotrl.runtime.inproc:run_inproc",
 }
 

@@ -1,6 +1,9 @@
-"""The real runtimes (`cluster=local`, `cluster=ray`): device actors, role shifting, executor, monitor.
+"""The runtimes' shared loop and the real devices (`cluster=local`, `cluster=ray`, `cluster=inproc`).
 
 Files (bottom-up):
+- `loop.py`: the one runtime loop (events -> controller -> actions -> driver, ticks, refits,
+  stall and wall checks) over a `Driver`; the simulator's driver is `pivotrl.sim.runtime`.
+- `recorder.py`: metrics rows, timeline events, the summary's common figures, the step line.
 - `cluster.py`: start/attach Ray; one placement-group bundle per device (`pivot_device` custom
   resource on local, `GPU` on ray); too few resources is an error naming both numbers.
 - `device.py`: one Ray actor per device (thread budget, core pinning), hosting at most one active
@@ -8,9 +11,13 @@ Files (bottom-up):
 - `roles.py`: each role's context in four categories (temporary, parameters, offloadable,
   preserved) and the timed `shift_down` / `shift_up` halves.
 - `executor.py`: scheduler moves and shift plans carried out on the actors; GPS-backed parameter
-  reads; respawn of dead actors; measured shifts feed `tau_shift`.
+  reads; respawn and re-host of dead actors; measured shift times for the controller.
 - `monitor.py`: per-role workload state and the online throughput-model fit (core's fit).
-- `local_setup.py` + `local.py`: the driver loop that feeds the deployment controllers real events
-  (`run_local`); `ray_cluster.py`: the same loop on GPUs (`run_ray`).
+- `assets.py`: which checkpoints and data a run loads; `evaluation.py`: prompt encoding and
+  held-out accuracy; `samples.py`: requests, judge prompts, rewards, train batches;
+  `ledger.py`: the truth about every sequence (tokens with behaviour log-probs).
+- `launch.py`: the devices of a real run (cluster, executor, GPS, resume checkpoint).
+- `driver.py`: the real devices' `Driver`; `real.py`: `run_real` (`cluster=local|ray`);
+  `inproc.py`: the synchronous loop in one process (`cluster=inproc`).
 The control plane (core, deploy) is imported, never copied: tests/runtime/test_same_control_plane.py.
 """

@@ -163,6 +163,7 @@ class Executor:
         self.role_of: dict[int, Role | None] = {d: None for d in self.actors}
         self.generation: dict[int, int] = {d: 0 for d in self.actors}
         self.lost_role: dict[int, Role | None] = {}  # role a device held when it was last replaced
+        self.slots: dict[str, Slot] = {}  # replica id -> its slot (every slot ever shifted up)
         self.shift_log: list[dict[str, Any]] = []
         self.deaths: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -195,13 +196,26 @@ class Executor:
         log.warning("device %d died (%s); respawned with no role", device, why)
         return True
 
-    @staticmethod
-    def device_of(replica_id: str) -> int:
-        """Replica ids are `Slot.slot_id` (`rollout@3x1`): the engine lives on the first device."""
-        try:
-            return int(replica_id.split("@", 1)[1].split("x", 1)[0])
-        except (IndexError, ValueError):
-            raise ValueError(f"replica id {replica_id!r} is not a slot id like 'rollout@0x1'") from None
+    def device_of(self, replica_id: str) -> int:
+        """The device whose actor runs replica `replica_id` (its slot's first device)."""
+        slot = self.slots.get(replica_id)
+        if slot is None:
+            raise ValueError(f"replica {replica_id!r} was never shifted up on this cluster")
+        return slot.first_device
+
+    def take_lost_role(self, device: int) -> Role | None:
+        """The role `device` held when it was last replaced (once; None if it held none)."""
+        return self.lost_role.pop(device, None)
+
+    def rehost(self, slot: Slot) -> None:
+        """Shift a respawned, roleless device up to `slot` again (cold: a fresh engine, weights from
+        GPS at the current version)."""
+        import ray
+
+        ref, version = self._params_for(slot)
+        ray.get(self.actors[slot.first_device].shift_up.remote(self.specs(slot, 0), ref, version))
+        for d in slot.devices:
+            self.role_of[d] = slot.role
 
     # ------------------------------------------------------------------ moves
     def execute_moves(self, role: Role, moves: list[Move], request_for: Callable[[Role, int], Any]) -> MoveResult:
@@ -281,6 +295,7 @@ class Executor:
                 self.role_of[d] = None
             ups: dict[int, Callable[[], Any]] = {}
             for s in plan.up:
+                self.slots[s.slot_id] = s
                 ref, version = self._params_for(s)
                 for i, d in enumerate(s.devices):
                     spec = self.specs(s, i)
@@ -314,6 +329,26 @@ class Executor:
         shift up."""
         return {d: self.actors[d].load_weights.remote(ref, version)
                 for d, r in self.role_of.items() if r == Role.ROLLOUT}
+
+    def publish_policy(self, timeout_s: float = 120.0) -> tuple[int, list[dict[str, float]]]:
+        """Load GPS's current policy into every rollout replica and wait until each holds it: the
+        device actors are threaded, so a `submit` sent right after an unawaited load could be
+        admitted first, under the old weights, and be staler than the controller assumes. Returns
+        (version, [{"device": d, "seconds": s}]), `s` the time device `d`'s engine spent loading
+        (its decode stalls that long); a dead device is skipped (its poll reports it)."""
+        import ray
+
+        ref, version = self.params.read("policy")
+        per: list[dict[str, float]] = []
+        for d, r in self.publish_to_rollout(ref, version).items():
+            try:
+                secs = ray.get(r, timeout=timeout_s)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
+                log.warning("publish of policy version %d hit a dead device: %s", version, type(e).__name__)
+                continue
+            if secs is not None:
+                per.append({"device": int(d), "seconds": float(secs)})
+        return version, per
 
     # ------------------------------------------------------------------ training (collective)
     def train_call(self, devices: tuple[int, ...], method: str, *args: Any) -> list[Any]:

@@ -84,6 +84,10 @@ class SequenceLedger:
         """An abort returned `toks`: keep the longer of it and what the ledger holds."""
         if len(toks) >= len(self.tokens[role].get(seq_id, ())):
             self.tokens[role][seq_id] = toks
+        self.unplace(role, seq_id)
+
+    def unplace(self, role: Role, seq_id: int) -> None:
+        """The sequence no longer runs anywhere (aborted; its tokens stay)."""
         self.placed[role].pop(seq_id, None)
 
     def place(self, role: Role, seq_id: int, device: int) -> bool:

@@ -111,7 +111,9 @@ class RunLoop:
                 d.record(act)
                 self.rec.event(act.kind, act.fields)
             elif isinstance(act, StepDone):
-                self.rec.step(act, d.now, d.step_fields(act, d.now))
+                fields = d.step_fields(act, d.now)
+                fields["control_s"] = self.control_s  # cumulative wall seconds in the controller
+                self.rec.step(act, d.now, fields)
             elif isinstance(act, Finish):
                 self.done = True
             else:

@@ -15,8 +15,7 @@ class Recorder:
     """Rows and summary of one run of controller mode `mode` on runtime `runtime`."""
 
     def __init__(self, tracker: Any, *, mode: str, models: str, runtime: str, devices: int, steps: int,
-                 warmup: int, prompts_per_step: int, group_size: int, console: str | None = None,
-                 clock: Any = None) -> None:
+                 warmup: int, prompts_per_step: int, group_size: int, console: str | None = None) -> None:
         self.tracker = tracker
         self.head = {"deploy": mode, "models": models, "cluster": runtime, "devices": devices}
         self.steps, self.warmup, self.P, self.G = steps, warmup, prompts_per_step, group_size
@@ -42,9 +41,10 @@ class Recorder:
         if self.tracker is not None:
             self.tracker.log_step(row)
         if self.console is not None:
-            print(f"[{self.console}] step {act.step}/{self.steps} {step_time:.1f}s "
-                  + " ".join(f"{k}={row[k]:.3f}" for k in ("reward_mean", "train_accuracy") if k in row)
-                  + f" tok/s={row['throughput_tokens_per_s']:.0f} shifts={f.get('shifts', 0)}", flush=True)
+            shown = " ".join(f"{label}={row[k]:.3f}" for k, label in (("reward_mean", "reward"), ("train_accuracy", "acc"))
+                             if row.get(k) is not None)
+            print(f"[{self.console}] step {act.step}/{self.steps} {step_time:.1f}s {shown} "
+                  f"tok/s={row['throughput_tokens_per_s']:.0f} shifts={f.get('shifts', 0)}", flush=True)
         return row
 
     def summary(self, now: float, extra: dict[str, Any]) -> dict[str, Any]:

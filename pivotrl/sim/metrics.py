@@ -23,7 +23,8 @@ from pivotrl.sim import timemodel as tm
 
 if TYPE_CHECKING:
     from pivotrl.sim.engine import SimReplica
-    from pivotrl.sim.runtime import SimRuntime, SimSetup
+    from pivotrl.sim.runtime import SimRuntime
+    from pivotrl.sim.setup import SimSetup
 
 
 class RunStats:

@@ -49,7 +49,8 @@ from typing import Any
 
 from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import INFERENCE_ROLES, Role
-from pivotrl.sim.runtime import SimRuntime, SimSetup
+from pivotrl.sim.runtime import SimRuntime
+from pivotrl.sim.setup import SimSetup
 from pivotrl.sim.timemodel import RoleCosts
 from pivotrl.sim.workload import BatchedLengths, SampleLengths
 

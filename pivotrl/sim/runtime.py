@@ -31,7 +31,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -39,60 +38,18 @@ from pivotrl.config import PivotConfig
 from pivotrl.config.resolve import resolve
 from pivotrl.core.planner import eq1_throughput
 from pivotrl.core.types import INFERENCE_ROLES, Role
-from pivotrl.deploy import ControlEnv, make_controller
+from pivotrl.deploy import make_controller
 from pivotrl.deploy.events import (
-    Dispatch, Finish, PublishWeights, Record, SequenceFinished, ShiftDone, Start, StartShift,
-    StartTraining, StepDone, Tick, TrainingDone,
+    Dispatch, PublishWeights, Record, SequenceFinished, ShiftDone, StartShift, StartTraining, StepDone, Tick,
+    TrainingDone,
 )
 from pivotrl.sim import timemodel as tm
 from pivotrl.sim.engine import SimReplica
 from pivotrl.sim.metrics import RunStats
-from pivotrl.sim.workload import Workload
+from pivotrl.sim.setup import SimSetup
 
 STUCK_S = 3600.0  # simulated seconds with only ticks happening = a deadlocked deployment
 LOW_FRACTION = 0.2  # "below 20 % of peak per-device throughput" (paper Fig. 3)
-
-
-@dataclass
-class SimSetup:
-    """Everything resolved from the config for one simulated run."""
-
-    cfg: PivotConfig
-    costs: dict[Role, tm.RoleCosts]
-    workload: Workload
-    steps: int
-    warmup: int
-    allocation: dict[Role, int] = field(default_factory=dict)
-
-    @classmethod
-    def from_config(cls, cfg: PivotConfig, allocation: dict[Role, int] | None = None,
-                    steps: int | None = None) -> "SimSetup":
-        m, hw, sim = cfg.models, cfg.cluster.hardware, cfg.models.sim
-        r = resolve(cfg)
-        costs = {role: tm.role_costs(m, hw, role) for role in INFERENCE_ROLES}
-        wl = Workload(m.workload, cfg.seed, r.prompts_per_step, r.group_size, sim.step_offset)
-        st = steps if steps is not None else r.steps
-        warm = min(cfg.train.warmup_steps, st - 1)
-        return cls(cfg, costs, wl, st, warm, dict(allocation or {}))
-
-    @property
-    def num_devices(self) -> int:
-        return resolve(self.cfg).num_devices
-
-    def control_env(self) -> ControlEnv:
-        cfg, m = self.cfg, self.cfg.models
-        tau = {r: c.shift_up_s + c.shift_down_s for r, c in self.costs.items()}
-        tau[Role.TRAIN] = m.policy.train_shift_up_s + m.policy.train_shift_down_s
-        r = resolve(cfg)
-        return ControlEnv(
-            num_devices=self.num_devices, node_size=cfg.cluster.node_size,
-            tp={r: c.tp for r, c in self.costs.items()},
-            models={r: c.model for r, c in self.costs.items()},
-            tau_shift=tau, prompts=self.workload,
-            prompts_per_step=self.workload.P, group_size=self.workload.G, steps=self.steps,
-            staleness=r.staleness, allocation=self.allocation, planner=r.planner,
-            kv_reserve=m.sim.kv_reserve_tokens,
-            kv_capacity={r: c.kv_capacity for r, c in self.costs.items()})
 
 
 class SimRuntime:
@@ -113,7 +70,7 @@ class SimRuntime:
         self.replicas: dict[str, SimReplica] = {}
         self.role_of: dict[str, Role] = {}
         self.truth: dict[Role, dict[int, int]] = {r: {} for r in INFERENCE_ROLES}  # aborted: generated
-        m, hw = self.cfg.models, self.cfg.cluster.hardware
+        m = self.cfg.models
         self.publish_s = tm.publish_time(m.policy, m.sim)
         ctx = self._contexts()
         self.peak = {r: c.peak_per_device(ctx[r]) for r, c in setup.costs.items()}

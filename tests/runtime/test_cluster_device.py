@@ -152,11 +152,11 @@ def test_run_ray_without_gpus_names_both_numbers(cluster, tiny_assets, tmp_path)
     """`cluster=ray` goes through the whole setup and stops at the GPU check (attached session)."""
     import torch
 
-    from pivotrl.runtime.ray_cluster import run_ray
+    from pivotrl.runtime.real import run_real
     from tests.runtime.test_ray_cluster import _ray_cfg
 
     if torch.cuda.is_available():
         pytest.skip("this machine has GPUs")
     with pytest.raises(ClusterResourceError, match=r"num_devices=4 devices requested.*only 0 'GPU'"):
-        run_ray(_ray_cfg(tiny_assets, "pivot", 4), tmp_path, None)
+        run_real(_ray_cfg(tiny_assets, "pivot", 4), tmp_path, None)
     assert ray.is_initialized()

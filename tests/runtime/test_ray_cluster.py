@@ -1,5 +1,5 @@
 """`cluster=ray` with CUDA (`gpu` marker): a short colocated run trains on the GPUs through the same
-runtime. (Without GPUs, `test_cluster_device.py` checks that `run_ray` fails naming both numbers.)"""
+runtime. (Without GPUs, `test_cluster_device.py` checks that `run_real` on cluster=ray fails naming both numbers.)"""
 from __future__ import annotations
 
 import pytest
@@ -19,7 +19,7 @@ def _ray_cfg(tiny_assets, mode, devices, overrides=()):
 def test_run_ray_trains_on_gpus(tiny_assets, tmp_path):
     import torch
 
-    from pivotrl.runtime.ray_cluster import run_ray
+    from pivotrl.runtime.real import run_real
 
     n = torch.cuda.device_count()
     if ray.is_initialized():
@@ -28,7 +28,7 @@ def test_run_ray_trains_on_gpus(tiny_assets, tmp_path):
     try:
         cfg = _ray_cfg(tiny_assets, "colocated", n, ["engine.name=auto", "engine.max_num_seqs=64",
                                                      "engine.vllm_gpu_memory_utilization=0.3"])
-        summary = run_ray(cfg, tmp_path, None)
+        summary = run_real(cfg, tmp_path, None)
     finally:
         ray.shutdown()
     assert summary["cluster"] == "ray" and summary["policy_version"] == 2

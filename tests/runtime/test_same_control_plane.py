@@ -1,5 +1,6 @@
-"""The local runtime drives the very control plane the simulator drives: same module objects, no
-forked copies of the scheduler, planner, strategies, controllers or throughput fit."""
+"""The real runtimes drive the very control plane the simulator drives, through the same loop:
+same module objects, no forked copies of the scheduler, planner, strategies, controllers,
+throughput fit or runtime loop."""
 from __future__ import annotations
 
 import ast
@@ -10,20 +11,25 @@ import pivotrl.core.strategies as core_strategies
 import pivotrl.core.throughput as core_throughput
 import pivotrl.deploy as deploy
 import pivotrl.deploy.events as events
-import pivotrl.runtime.local as local
-import pivotrl.runtime.local_setup as local_setup
+import pivotrl.runtime.driver as driver
+import pivotrl.runtime.loop as loop
 import pivotrl.runtime.monitor as monitor
+import pivotrl.runtime.real as real
 import pivotrl.sim.runtime as sim_runtime
 
-RUNTIME = Path(local.__file__).parent
+RUNTIME = Path(real.__file__).parent
 
 
-def test_controllers_and_events_are_the_simulators():
-    assert local.make_controller is sim_runtime.make_controller is deploy.make_controller
-    for name in ("Dispatch", "StartShift", "StartTraining", "PublishWeights", "Record", "StepDone", "Finish",
-                 "SequenceFinished", "ShiftDone", "TrainingDone", "Tick", "Start"):
-        assert getattr(local, name) is getattr(sim_runtime, name) is getattr(events, name), name
-    assert local_setup.ThroughputModel is core_throughput.ThroughputModel
+def test_controllers_events_and_loop_are_the_simulators():
+    assert sim_runtime.make_controller is deploy.make_controller
+    for name in ("SequenceFinished", "ShiftDone", "TrainingDone", "Tick"):
+        assert getattr(driver, name) is getattr(sim_runtime, name) is getattr(events, name), name
+    for name in ("Dispatch", "StartShift", "StartTraining", "PublishWeights", "Record", "StepDone", "Finish", "Start"):
+        assert getattr(loop, name) is getattr(events, name), name
+    # both drivers run under the one loop: neither module defines its own
+    src = {m: Path(m.__file__).read_text() for m in (sim_runtime, driver, real)}
+    assert all("RunLoop(" in src[m] for m in (sim_runtime, real)) and "class RunLoop" not in "".join(src.values())
+    assert real.ThroughputModel is core_throughput.ThroughputModel
     assert monitor.ThroughputModel.fit is core_throughput.ThroughputModel.fit
 
 
@@ -37,10 +43,10 @@ def test_controller_built_by_local_uses_core_scheduler_and_strategy():
             return []
 
     env = ControlEnv(num_devices=4, node_size=8, tp={Role.ROLLOUT: 1, Role.REWARD: 1},
-                     models={r: local_setup.PRIOR_MODEL for r in (Role.ROLLOUT, Role.REWARD)},
+                     models={r: real.PRIOR_MODEL for r in (Role.ROLLOUT, Role.REWARD)},
                      tau_shift={r: 1.0 for r in Role}, prompts=Prompts(), prompts_per_step=1, group_size=1,
                      steps=1, staleness=2, allocation={Role.TRAIN: 1}, planner=PlannerConfig())
-    ctrl = local.make_controller("pivot", env)
+    ctrl = deploy.make_controller("pivot", env)
     assert all(type(s) is core_scheduler.ShiftAwareScheduler for s in ctrl.sched.values())
     assert type(ctrl.strategy) is core_strategies.STRATEGIES["pivot"]
 

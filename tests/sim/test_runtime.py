@@ -8,7 +8,8 @@ import pytest
 
 from pivotrl.core.types import INFERENCE_ROLES, Role
 from pivotrl.deploy.events import StartTraining, StepDone
-from pivotrl.sim.runtime import SimRuntime, SimSetup
+from pivotrl.sim.runtime import SimRuntime
+from pivotrl.sim.setup import SimSetup
 
 SMALL = ["cluster.num_devices=8", "train.prompts_per_step=8", "train.group_size=4", "train.steps=4"]
 ALLOC = {

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from pivotrl.core.types import Role
-from pivotrl.sim.runtime import SimRuntime, SimSetup
+from pivotrl.sim.runtime import SimRuntime
+from pivotrl.sim.setup import SimSetup
 from pivotrl.sim.sweep import config_hash
 
 SMALL = ["cluster.num_devices=8", "train.prompts_per_step=8", "train.group_size=4", "train.steps=3",

@@ -1,0 +1,303 @@
+"""The real devices' `Driver` of the runtime loop (`cluster=local` and `cluster=ray`).
+
+Owns what happens on real devices between the controller's decisions: polling the inference
+devices for progress and completions, carrying out moves, shifts (driver threads), training steps
+(a driver thread) and weight publishes through the executor, device deaths, and the run's own
+figures (`RealStats`). The truth about every sequence is the `SequenceLedger`; building requests,
+judge prompts, rewards and batches is `Samples`'; the devices themselves are the `Launch`'s.
+
+Decisions:
+- Shifts and training steps run in driver threads (they block on their devices); their results
+  come back through a queue and become events in `wait`: the controller sees one event at a time.
+- A completion is accepted only from the device the ledger placed that sequence on; one that
+  raced an abort is delivered once, after the current actions. Trained ids are checked for repeats.
+- A dead inference device is respawned and re-hosts its replica (cold); its sequences go back to
+  the queue with their tokens (`ReplicaLost`). A dead training rank is fatal (its group is gone).
+- Behaviour log-probs travel with the tokens (`ledger.Tokens`) into `TrainBatch.old_log_probs`
+  (`algo.off_policy` corrects staleness); a batch with unknown ones falls back to recomputed
+  log-probs, counted as `logprobs_missing`.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any, Iterator
+
+from pivotrl.core.types import INFERENCE_ROLES, Role, Slot
+from pivotrl.deploy.events import (
+    Dispatch, PublishWeights, Record, ReplicaLost, SequenceFinished, ShiftDone, StartShift, StartTraining,
+    StepDone, Tick, TrainingDone,
+)
+from pivotrl.runtime.ledger import SequenceLedger, Tokens
+from pivotrl.runtime.monitor import Monitor
+from pivotrl.runtime.stats import RealStats
+
+log = logging.getLogger(__name__)
+
+
+class DeviceDriver:
+    """Runs controller `ctrl`'s actions on the devices of `launch`, for samples `samples`."""
+
+    def __init__(self, cfg: Any, resolved: Any, ctrl: Any, launch: Any, samples: Any, tracker: Any = None) -> None:
+        self.cfg, self.r, self.ctrl, self.launch, self.s = cfg, resolved, ctrl, launch, samples
+        self.tracker = tracker
+        self.ex = launch.executor
+        self.cl = cfg.cluster
+        self.name = f"{resolved.runtime} run"
+        self.wall_limit = None if self.cl.max_wall_s is None else ("cluster.max_wall_s", float(self.cl.max_wall_s))
+        self.fit_every_s = float(self.cl.fit_every_s)
+        self.monitor = Monitor()
+        self.ledger = SequenceLedger()
+        self.trained_ids: list[int] = []
+        self.train_metrics: dict[int, dict[str, float]] = {}
+        self.results: queue.Queue = queue.Queue()
+        self.polls: dict[int, Any] = {}
+        self.poll_gen: dict[int, int] = {}
+        self.threads: list[threading.Thread] = []
+        self.deferred: list[tuple] = []
+        self.next_tick: float | None = None
+        self.t0 = time.monotonic()
+        self._last = 0.0
+        self.stats = RealStats()
+        self.counts = self.stats.counts
+
+    @property
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    # ------------------------------------------------------------------ Driver: events
+    def schedule_tick(self, at: float) -> None:
+        self.next_tick = at
+
+    def wait(self) -> Iterator[Any]:
+        """Completions of the inference devices (waiting up to `cluster.poll_s`), then finished
+        shifts and training steps, then deliveries deferred by the last actions, then a due tick."""
+        import ray
+
+        t = self.now
+        self.stats.hold(self.ex.role_of.values(), t - self._last)
+        self._last = t
+        for d, role in self.ex.role_of.items():
+            if role in INFERENCE_ROLES and d not in self.polls:
+                self.polls[d] = self.ex.actors[d].poll.remote(self.cl.poll_s)
+                self.poll_gen[d] = self.ex.generation[d]
+        refs = list(self.polls.values())
+        if refs:
+            ready, _ = ray.wait(refs, num_returns=1, timeout=self.cl.poll_s)
+            if ready:
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            by_ref = {r: d for d, r in self.polls.items()}
+            for ref in ready:
+                d = by_ref[ref]
+                del self.polls[d]
+                yield from self._on_poll(d, ref)
+        else:
+            time.sleep(self.cl.poll_s)
+        while True:
+            try:
+                item = self.results.get_nowait()
+            except queue.Empty:
+                break
+            yield from self._on_result(item)
+        while self.deferred:
+            item = self.deferred.pop(0)
+            if item[0] == "dead":
+                yield from self._on_death(item[1], "found dead while executing moves", respawned=True)
+            else:
+                yield from self._complete(*item)
+        if self.next_tick is not None and self.now >= self.next_tick:
+            self.next_tick = None
+            yield Tick(self.now, progress=self.ledger.counts())
+
+    def idle(self) -> bool:
+        self.threads = [t for t in self.threads if t.is_alive()]
+        return (not self.polls and not self.threads and self.results.empty() and not self.ledger.running()
+                and not self.deferred and not any(r in INFERENCE_ROLES for r in self.ex.role_of.values()))
+
+    def _on_poll(self, d: int, ref: Any) -> Iterator[Any]:
+        import ray
+
+        try:
+            res = ray.get(ref)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
+            yield from self._on_death(d, f"poll: {type(e).__name__}", self.poll_gen.get(d))
+            return
+        if res.error is not None:
+            yield from self._on_death(d, f"engine error: {res.error}", self.poll_gen.get(d))
+            return
+        role = self.ex.role_of.get(d)
+        if role not in INFERENCE_ROLES or res.role != role.value:
+            return  # a poll that straddled a shift: nothing of this role is left on it
+        new = sum(self.ledger.progress(role, sid, Tokens.of(toks), d) for sid, toks in res.progress.items())
+        self.monitor.ingest(role, d, res.stats, new)
+        for c in res.completions:
+            yield from self._complete(role, d, c)
+
+    def _complete(self, role: Role, d: int, c: Any) -> Iterator[Any]:
+        toks = Tokens.of(c.token_ids, c.logprobs)
+        if not self.ledger.accept(role, c.seq_id, d, toks):
+            self.counts["stale_completions"] += 1
+            return
+        led = self.ledger
+        if role == Role.ROLLOUT:
+            led.responses[c.seq_id] = toks
+            led.versions[c.seq_id] = int(c.version)
+            led.judge_ids[c.seq_id] = self.s.judge_prompt(c.seq_id, toks)
+        else:
+            led.rewards[c.seq_id] = self.s.score(c.seq_id, led.responses[c.seq_id], toks)
+        yield SequenceFinished(self.now, role=role, seq_id=c.seq_id, generated=len(toks),
+                               replica_id=Slot(role, d, self.r.tp[role.value]).slot_id)
+
+    def _on_death(self, d: int, why: str, generation: int | None = None, respawned: bool = False) -> Iterator[Any]:
+        """Respawn `d`, re-host its replica, and send its sequences back to the queue with tokens.
+
+        `generation` is that of the handle that failed: if someone already replaced the device (a
+        shift thread, which re-hosts it as part of its shift), nothing more is done here."""
+        if not respawned and not self.ex.respawn(d, why, generation):
+            return
+        role = self.ex.take_lost_role(d)
+        self.counts["device_deaths"] += 1
+        self.monitor.forget(d)
+        self.polls.pop(d, None)
+        lost = self.ledger.lost(role, d) if role in INFERENCE_ROLES else []
+        self.record_event("device_death", device=d, role=getattr(role, "value", None), why=why, sequences=lost,
+                     tokens_kept={sid: len(self.ledger.tokens[role].get(sid, ())) for sid in lost})
+        if role == Role.TRAIN:
+            raise RuntimeError(f"device {d} (a training rank) died ({why}); its process group is lost")
+        if role not in INFERENCE_ROLES:
+            return
+        slot = Slot(role, d, self.r.tp[role.value])
+        if d not in self.ctrl.pending_devices():  # mid-shift devices are re-hosted by their shift
+            self.ex.rehost(slot)
+        yield ReplicaLost(self.now, role=role, replica_id=slot.slot_id)
+
+    # ------------------------------------------------------------------ threads
+    def _spawn(self, fn, *args: Any) -> None:
+        def body() -> None:
+            try:
+                self.results.put(fn(*args))
+            except BaseException as e:  # re-raised in the main thread
+                self.results.put(("error", e))
+
+        t = threading.Thread(target=body, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def _on_result(self, item: tuple) -> Iterator[Any]:
+        kind = item[0]
+        if kind == "error":
+            raise item[1]
+        if kind == "shift":
+            res = item[1]
+            if res.error is not None:
+                raise res.error
+            self.counts["device_deaths"] += len(res.dead)
+            for s in res.plan.down:
+                for d in s.devices:
+                    self.monitor.forget(d)
+            self.record_event("shift_timing", role_up=res.plan.role_up.value, down_s=res.seconds[0],
+                         up_s=res.seconds[1], devices=res.timings, dead=sorted(res.dead),
+                         measured={r.value: v for r, v in res.measured.items()})
+            yield ShiftDone(self.now, plan=res.plan, kv_capacity=res.kv_capacity, seconds=res.seconds,
+                            progress=self.ledger.counts(), measured=res.measured)
+        elif kind == "train":
+            _, act, metrics, secs = item
+            self.train_metrics[act.batch] = metrics
+            self.stats.train_busy_s += secs * len(act.devices)
+            yield TrainingDone(self.now, batch=act.batch, version=int(metrics["version"]), seconds=secs,
+                               progress=self.ledger.counts())
+
+    def _train(self, act: StartTraining) -> tuple:
+        import ray
+
+        dup = set(act.sample_ids) & set(self.trained_ids)
+        if dup:
+            raise RuntimeError(f"samples {sorted(dup)[:8]} would be trained twice")
+        self.trained_ids.extend(act.sample_ids)
+        led = self.ledger
+        batch = self.s.train_batch(act.sample_ids, {sid: led.rewards[sid].total for sid in act.sample_ids},
+                                   led.responses, led.versions)
+        if batch.old_log_probs is None:
+            self.counts["logprobs_missing"] += 1
+            log.warning("batch %d: some samples have no behaviour log-probs; training them as on-policy", act.batch)
+        t0 = time.perf_counter()
+        ref = ray.put(batch)
+        metrics = self.ex.train_call(act.devices, "train_step", ref)[0]
+        full = self.ex.train_call(act.devices, "full_state_dict")[0]
+        secs = time.perf_counter() - t0
+        self.ex.params.publish("policy", full)
+        version = int(metrics["version"])
+        if version % self.cfg.train.checkpoint_every == 0:
+            from pivotrl.engines.trainer import checkpoint_dir
+
+            path = str(checkpoint_dir(self.launch.checkpoint_dir, version))
+            self.ex.train_call(act.devices, "save_checkpoint", path, {"step": version, "batch": act.batch})
+        return ("train", act, metrics, secs)
+
+    # ------------------------------------------------------------------ Driver: actions
+    def dispatch(self, act: Dispatch) -> None:
+        role, led = act.role, self.ledger
+        t0 = time.perf_counter()
+        res = self.ex.execute_moves(role, act.moves, self._request)
+        self.stats.dispatch_s += time.perf_counter() - t0
+        for sid, toks in res.aborted.items():
+            led.aborted(role, sid, Tokens.of(toks))
+            self.counts["aborts"] += 1
+        finished = {c.seq_id for _, c in res.finished}
+        for mv in act.moves:
+            if mv.kind == "abort":
+                led.unplace(role, mv.seq_id)
+            elif mv.seq_id not in finished:
+                if led.place(role, mv.seq_id, self.ex.device_of(mv.replica_id)):
+                    self.counts["resumes"] += 1
+        for d, c in res.finished:  # raced its abort: deliver once, after the current actions
+            led.place(role, c.seq_id, d)
+            self.deferred.append((role, d, c))
+        for d in res.dead:
+            self.deferred.append(("dead", d))
+
+    def _request(self, role: Role, sid: int) -> Any:
+        return self.s.request(role, sid, self.ledger.tokens[role].get(sid, Tokens()), self.ledger.judge_ids.get(sid))
+
+    def start_shift(self, act: StartShift) -> None:
+        self.counts["shifts"] += len(act.plan.up) + len(act.plan.down)
+        self._spawn(lambda p=act.plan: ("shift", self.ex.run_shift(p)))
+
+    def start_training(self, act: StartTraining) -> None:
+        self._spawn(self._train, act)
+
+    def publish(self, act: PublishWeights) -> None:
+        """The new policy into every rollout replica, waited for (`Executor.publish_policy`)."""
+        t0 = time.perf_counter()
+        version, per = self.ex.publish_policy()
+        self.record_event("weight_refresh", version=int(version), devices=per, wait_s=time.perf_counter() - t0)
+
+    def record(self, act: Record) -> None:
+        """Nothing to do: the recorder writes controller records to the timeline."""
+
+    def refit(self) -> dict[Role, tuple[Any, int]]:
+        out = {}
+        for role in INFERENCE_ROLES:
+            model = self.monitor.fit(role)
+            if model is not None:
+                out[role] = (model, len(self.monitor.samples(role)))
+        return out
+
+    def after_event(self) -> None:
+        """Nothing to do after an event on real devices."""
+
+    # ------------------------------------------------------------------ records
+    def record_event(self, kind: str, **fields: Any) -> None:
+        """A driver record into the timeline (`now` added)."""
+        if self.tracker is not None:
+            self.tracker.log_event(kind, now=self.now, **fields)
+
+    def step_fields(self, act: StepDone, now: float) -> dict[str, Any]:
+        return self.stats.step_fields(act, self)
+
+    def finish(self) -> dict[str, Any]:
+        for t in self.threads:
+            t.join(timeout=60)
+        return self.stats.summary(self)

@@ -1,0 +1,129 @@
+"""`cluster=local` and `cluster=ray`: real RL on real devices, driven by the same controllers,
+schedulers and planner as the simulator, through the same runtime loop.
+
+`run_real` wires the pieces and always tears down: assets (checkpoints, data), samples, the
+launched devices, the controller (resumed at a checkpoint's version), the device driver, the loop
+and the recorder; held-out accuracy before and after; the closing table. The two cluster kinds
+differ only in how the devices are launched (`launch.py`, `cluster.py`).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pivotrl.config.resolve import resolve
+from pivotrl.core.throughput import ThroughputModel
+from pivotrl.core.types import INFERENCE_ROLES, Role
+
+#: A rough decode model of a tiny replica on one shared CPU core, used only until the online fit
+#: has samples (measured once with the CPU engine: ~2-10 ms per iteration at small N).
+PRIOR_MODEL = ThroughputModel(A=1e-6, B=0.004, C=0.0004, D=0.002)
+
+
+def control_env(cfg: Any, r: Any, source: Any) -> Any:
+    """The controller's construction values of a real run."""
+    from pivotrl.deploy import ControlEnv
+
+    tp = {Role.ROLLOUT: r.tp["rollout"], Role.REWARD: r.tp["reward"]}
+    return ControlEnv(
+        num_devices=r.num_devices, node_size=r.node_size, tp=tp, models={x: PRIOR_MODEL for x in INFERENCE_ROLES},
+        tau_shift={x: float(cfg.cluster.tau_shift_prior_s) for x in (*INFERENCE_ROLES, Role.TRAIN)},
+        prompts=source, prompts_per_step=r.prompts_per_step, group_size=r.group_size, steps=r.steps,
+        staleness=r.staleness, allocation={Role(k): v for k, v in r.allocation.items()}, planner=r.planner,
+        kv_reserve=0, kv_capacity={x: int(cfg.engine.kv_capacity_tokens) for x in INFERENCE_ROLES})
+
+
+def val_accuracy(cfg: Any, r: Any, assets: Any, tok: Any, val: list, params: Any, gps_model: str | None) -> dict:
+    """Held-out accuracy of the start policy (None) or of GPS's current `gps_model`, on a CPU
+    engine in the driver (`runtime.evaluation`)."""
+    import ray
+
+    from pivotrl.config.engine import EngineConfig
+    from pivotrl.engines.registry import create_engine
+    from pivotrl.runtime.evaluation import evaluate
+
+    eng = create_engine(assets.policy_path, EngineConfig(name="cpu", num_threads=1))
+    try:
+        if gps_model is not None:
+            ref, version = params.read(gps_model)
+            eng.load_weights(ray.get(ref), version)
+        d = cfg.data
+        return evaluate(eng, tok, val, temperature=cfg.algo.rollout_temperature, samples=d.val_samples,
+                        seed=int(cfg.seed), max_prompt_len=d.max_prompt_length, max_tokens=r.max_response)
+    finally:
+        eng.shutdown()
+
+
+def run_real(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
+    """Validate, run the RL loop on real devices, validate again; always tear down."""
+    import torch
+
+    from pivotrl.deploy import make_controller
+    from pivotrl.models.tokenizer import load_tokenizer
+    from pivotrl.rl.data import load_examples
+    from pivotrl.runtime.assets import load_assets, load_val_examples
+    from pivotrl.runtime.driver import DeviceDriver
+    from pivotrl.runtime.launch import Launch
+    from pivotrl.runtime.loop import RunLoop
+    from pivotrl.runtime.recorder import Recorder
+    from pivotrl.runtime.samples import Samples
+
+    r = resolve(cfg)
+    if any(t != 1 for t in r.tp.values()):
+        raise ValueError(f"the real runtimes host one engine per device actor (no tensor parallelism "
+                         f"across actors yet): models.policy.tp and models.genrm.tp must be 1, got "
+                         f"{r.tp['rollout']}, {r.tp['reward']}")
+    progress = bool(cfg.logging.progress)
+    torch.set_num_threads(1)
+    assets = load_assets(cfg, progress=progress)
+    tok = load_tokenizer(assets.policy_path)
+    val = load_val_examples(assets.val_path, cfg.data.val_size)
+    samples = Samples(cfg, tok, load_examples(assets.train_path), r.prompts_per_step, r.group_size, r.max_response)
+    launch = Launch(cfg, r, assets.policy_path, assets.genrm_path, run_dir)
+    try:
+        launch.start()
+        before = val_accuracy(cfg, r, assets, tok, val, launch.params, None)
+        ctrl = make_controller(cfg.deploy.mode, control_env(cfg, r, samples.source))
+        if launch.resume_version:
+            ctrl.resume(launch.resume_version)
+            if tracker is not None:
+                tracker.log_event("resume", now=0.0, version=launch.resume_version, checkpoint=str(launch.resume_path))
+        driver = DeviceDriver(cfg, r, ctrl, launch, samples, tracker)
+        rec = Recorder(tracker, mode=ctrl.name, models=cfg.models.name, runtime=r.runtime, devices=r.num_devices,
+                       steps=r.steps, warmup=r.warmup, prompts_per_step=r.prompts_per_step, group_size=r.group_size,
+                       console=f"pivotrl {r.runtime} {ctrl.name}" if progress else None)
+        summary = {"val_accuracy_before": before["sampled"], "val_accuracy_greedy_before": before["greedy"]}
+        summary.update(RunLoop(ctrl, driver, rec).run())
+        after = val_accuracy(cfg, r, assets, tok, val, launch.params, "policy")
+        summary.update(val_accuracy_after=after["sampled"], val_accuracy_greedy_after=after["greedy"],
+                       bootstrap=assets.bootstrap_info)
+        if progress:
+            print_summary_table(summary)
+        return summary
+    finally:
+        launch.close()
+
+
+def print_summary_table(summary: dict[str, Any]) -> None:
+    """The closing console table: throughput, accuracy before/after, shifts, time per role."""
+    rows = [
+        ("deploy / devices", f"{summary.get('deploy')} / {summary.get('devices')}"),
+        ("steps (measured)", f"{summary.get('steps')} ({summary.get('measured_steps')})"),
+        ("throughput tokens/s", f"{summary.get('throughput_tokens_per_s', 0.0):.1f}"),
+        ("val accuracy before -> after",
+         f"{summary.get('val_accuracy_before', float('nan')):.3f} -> {summary.get('val_accuracy_after', float('nan')):.3f}"),
+        ("  greedy before -> after",
+         f"{summary.get('val_accuracy_greedy_before', float('nan')):.3f} -> "
+         f"{summary.get('val_accuracy_greedy_after', float('nan')):.3f}"),
+        ("shifts", str(summary.get("num_shifts"))),
+        ("tau_shift s (up+down)", ", ".join(f"{k}={v:.2f}" for k, v in (summary.get("tau_shift") or {}).items())),
+        ("device-s held per role", ", ".join(f"{k}={v:.0f}" for k, v in
+                                            (summary.get("device_seconds_by_role") or {}).items())),
+        ("training step device-s", f"{summary.get('train_busy_device_s', 0.0):.1f}"),
+        ("wall s", f"{summary.get('wall_s', 0.0):.1f}"),
+    ]
+    w = max(len(k) for k, _ in rows)
+    print("-" * (w + 30))
+    for k, v in rows:
+        print(f"{k:<{w}}  {v}")
+    print("-" * (w + 30), flush=True)
