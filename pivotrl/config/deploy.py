@@ -148,10 +148,16 @@ class PivotDeployConfig(DeployConfig):
         super().check_allocation(n, tp_of)
 
 
+def _schemas() -> "Registry[type[DeployConfig]]":
+    from pivotrl.registry import Registry  # the registry module imports config.base: no cycle at import time
+
+    return Registry("deploy.mode", {
+        DeployMode.colocated.value: ColocatedDeployConfig,
+        DeployMode.disaggregated.value: DisaggregatedDeployConfig,
+        DeployMode.rr_colocated.value: RRColocatedDeployConfig,
+        DeployMode.pivot.value: PivotDeployConfig,
+    })
+
+
 #: mode -> schema (the config string is the key; `conf/deploy/<mode>.yaml` selects it).
-DEPLOY_SCHEMAS: dict[str, type[DeployConfig]] = {
-    DeployMode.colocated.value: ColocatedDeployConfig,
-    DeployMode.disaggregated.value: DisaggregatedDeployConfig,
-    DeployMode.rr_colocated.value: RRColocatedDeployConfig,
-    DeployMode.pivot.value: PivotDeployConfig,
-}
+DEPLOY_SCHEMAS = _schemas()

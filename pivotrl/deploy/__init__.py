@@ -9,21 +9,19 @@ from __future__ import annotations
 from pivotrl.deploy.base import ControlEnv, Controller
 from pivotrl.deploy.pivot import PivotController
 from pivotrl.deploy.static import ColocatedController, DisaggregatedController, RRColocatedController
+from pivotrl.registry import Registry
 
-CONTROLLERS: dict[str, type[Controller]] = {
+CONTROLLERS: Registry[type[Controller]] = Registry("deploy.mode", {
     "colocated": ColocatedController,
     "disaggregated": DisaggregatedController,
     "rr_colocated": RRColocatedController,
     "pivot": PivotController,
-}
+})
 
 
 def make_controller(mode: str, env: ControlEnv) -> Controller:
     """Build the controller registered under `mode` (a `deploy.mode` string or enum)."""
-    key = getattr(mode, "value", mode)
-    if key not in CONTROLLERS:
-        raise ValueError(f"deploy.mode={key!r} is not a deployment mode; allowed: {sorted(CONTROLLERS)}")
-    return CONTROLLERS[key](env)
+    return CONTROLLERS.build(getattr(mode, "value", mode), env)
 
 
 __all__ = ["CONTROLLERS", "ControlEnv", "Controller", "make_controller"]

@@ -24,6 +24,8 @@ from typing import Callable, Hashable, Protocol, Sequence
 
 import numpy as np
 
+from pivotrl.registry import Registry
+
 
 class AdvantageEstimator(Protocol):
     def __call__(
@@ -31,29 +33,17 @@ class AdvantageEstimator(Protocol):
     ) -> np.ndarray: ...
 
 
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("algo.advantage_estimator")
 
 
 def register_advantage(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
     """Decorator: register an estimator under `name` (the config key)."""
-
-    def deco(fn: AdvantageEstimator) -> AdvantageEstimator:
-        if name in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
-
-    return deco
+    return ADVANTAGE_ESTIMATORS.register(name)
 
 
 def get_advantage_estimator(name: str) -> AdvantageEstimator:
-    """The estimator registered as `name`; a clear error lists the known names otherwise."""
-    try:
-        return ADVANTAGE_ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown advantage_estimator {name!r}; allowed: {sorted(ADVANTAGE_ESTIMATORS)}"
-        ) from None
+    """The estimator registered as `name`; a `ConfigError` lists the known names otherwise."""
+    return ADVANTAGE_ESTIMATORS[name]
 
 
 def _groups(group_ids: Sequence[Hashable], n: int) -> list[np.ndarray]:

@@ -28,6 +28,8 @@ from typing import Callable, Protocol
 
 import torch
 
+from pivotrl.registry import Registry
+
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
@@ -83,27 +85,17 @@ class PolicyLoss(Protocol):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
 
 
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("algo.loss")
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
     """Decorator: register a policy loss under `name` (the config key)."""
-
-    def deco(fn: PolicyLoss) -> PolicyLoss:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return deco
+    return POLICY_LOSSES.register(name)
 
 
 def get_policy_loss(name: str) -> PolicyLoss:
-    """The loss registered as `name`; a clear error lists the known names otherwise."""
-    try:
-        return POLICY_LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown loss {name!r}; allowed: {sorted(POLICY_LOSSES)}") from None
+    """The loss registered as `name`; a `ConfigError` lists the known names otherwise."""
+    return POLICY_LOSSES[name]
 
 
 @register_policy_loss("ppo_clip")

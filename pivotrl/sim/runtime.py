@@ -31,7 +31,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from pathlib import Path
 from typing import Any, Iterator
 
 from pivotrl.config import PivotConfig
@@ -347,16 +346,3 @@ def simulate(cfg: PivotConfig, allocation: dict[Role, int] | None = None, steps:
              tracker: Any = None, progress: bool = False) -> dict[str, Any]:
     """One simulated run with a given allocation; returns its summary."""
     return SimRuntime(SimSetup.from_config(cfg, allocation, steps), tracker, progress).run()
-
-
-def run_sim(cfg: PivotConfig, run_dir: Path, tracker: Any) -> dict[str, Any]:
-    """`cluster=sim` entry (pivotrl.run's registry): resolve the allocation (sweeping baselines to
-    their best static split unless `deploy.allocation` is given), simulate, and return the summary."""
-    from pivotrl.sim.sweep import resolve_allocation
-
-    alloc, info = resolve_allocation(cfg, progress=bool(cfg.logging.progress))
-    if tracker is not None:
-        tracker.log_event("allocation_choice", **info)
-    summary = simulate(cfg, alloc, tracker=tracker, progress=bool(cfg.logging.progress))
-    summary.update(allocation_choice=info)
-    return summary

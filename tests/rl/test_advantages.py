@@ -52,7 +52,7 @@ def test_contract_every_estimator(name):
 
 
 def test_bad_input():
-    with pytest.raises(ValueError, match="unknown advantage_estimator 'ppo'.*grpo"):
+    with pytest.raises(ValueError, match="algo.advantage_estimator='ppo' is invalid; allowed: .*grpo"):
         compute_advantages("ppo", [1.0], [0])
     with pytest.raises(ValueError, match="group_ids has 1 entries but rewards has 2"):
         compute_advantages("grpo", [1.0, 2.0], [0])

@@ -118,7 +118,7 @@ def test_contract_every_loss(name):
 
 def test_bad_input():
     logp, old, adv, mask = _inputs()
-    with pytest.raises(ValueError, match="unknown loss 'dpo'.*ppo_clip"):
+    with pytest.raises(ValueError, match="algo.loss='dpo' is invalid; allowed: .*ppo_clip"):
         policy_loss("dpo", logp, old, adv, mask)
     with pytest.raises(ValueError, match="unknown loss_agg_mode 'sum'"):
         aggregate(logp, mask, "sum")
