@@ -19,7 +19,10 @@ class TrainConfig:
     group_size: int = 8
     """G: responses per prompt (GRPO group)."""
     resume: bool = False
-    """Continue from the last checkpoint in the run folder."""
+    """Continue from the last checkpoint in the run folder (`hydra.run.dir=<that run's folder>`). A
+    folder without a complete checkpoint is an error at start, unless `allow_fresh_start`."""
+    allow_fresh_start: bool = False
+    """With `resume`: start over when the run folder holds no checkpoint, instead of stopping."""
     checkpoint_every: int = 1
     """Checkpoint every this many steps (real runtimes)."""
 
@@ -41,7 +44,10 @@ class LoggingConfig:
     wandb_project: str = "pivotrl"
     """wandb project name."""
     progress: bool = True
-    """Show progress bars on long work."""
+    """Show progress bars on long work, the step lines and the closing table."""
+    verbose: bool = False
+    """Show the third-party console output a run normally hides: known library warnings (the
+    transformers deprecation notices) and Ray's worker log lines and dedup summaries."""
 
     def __post_init__(self) -> None:
         allowed = ("auto", "online", "offline", "disabled")

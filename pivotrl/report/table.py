@@ -47,11 +47,16 @@ def closing_rows(rec: RunRecords) -> list[tuple[str, str]]:
         ("throughput tokens/s", _f(s.get("throughput_tokens_per_s"), "{:.1f}")),
         ("val accuracy before -> after",
          f"{_f(s.get('val_accuracy_before'))} -> {_f(s.get('val_accuracy_after'))}"),
+        ("  greedy before -> after",
+         f"{_f(s.get('val_accuracy_greedy_before'))} -> {_f(s.get('val_accuracy_greedy_after'))}"),
         ("train accuracy first -> last step", f"{_f(acc[0] if acc else None)} -> {_f(acc[-1] if acc else None)}"),
         ("shifts (replica moves)", str(s.get("num_shifts", "-"))),
         ("shift plans", str(len(tl.shifts))),
         ("planner decisions applied", str(sum(1 for d in tl.decisions if d.applied))),
         ("device time per state", per_role),
+        ("tau_shift s (up+down)", ", ".join(f"{k}={_f(v, '{:.2f}')}" for k, v in (s.get("tau_shift") or {}).items())
+         or "-"),
+        ("training step device-s", _f(s.get("train_busy_device_s"), "{:.1f}")),
         ("ideal efficiency", _f(s.get("ideal_efficiency"))),
         (f"run time s ({clock})", _f(tl.end, "{:.1f}")),
     ]

@@ -15,16 +15,20 @@ Record formats it reads (written by `pivotrl/deploy/base.py`, `pivotrl/deploy/pi
   `ShiftDone`). The record does not name its plan, so it is matched to the in-flight plan whose
   start + down_s + up_s is closest to `now` without passing it (exact in the simulator, where a
   shift ends exactly then; on real devices the driver sees the end a poll later, and the tie goes
-  to the plan started first). Then `down` devices not also in `up` become free, `up` devices take
-  `role_up`.
+  to the plan started first). The real runtimes write a `shift_timing` {now, role_up, devices:
+  [{device, direction, seconds}]} just before the allocation record of the same plan: when there
+  is one, only in-flight plans of that `role_up` holding those devices are candidates (plans
+  started together, as at start-up, are then told apart). Then `down` devices not also in `up`
+  become free, `up` devices take `role_up`.
 - `decision` {now, role_up, reason, chosen, candidates: [{k, up, down, penalty, benefit, ...}],
   applied, trigger}: one planner call; its benefit is that of the chosen candidate (the candidate
   with the chosen plan's `up`), else the largest candidate benefit.
 - `throughput` (simulator only, `models.sim.throughput_sample_s`): {now, rollout, reward, overall
   (modelled: what the planner sees), actual: {rollout, reward}, actual_total}.
 - `device_death` {now, device, role}; `resume` {now, version}: a resumed run appends to the same
-  files with its clock restarted at 0, so every record after a `resume` (and every metrics row
-  whose `time_s` goes back) is shifted by the end time seen so far, and every device starts free.
+  files with its clock restarted at 0, so the records after a `resume` (and the metrics rows from
+  where `time_s` goes back) are shifted to start where the previous segment ended (its last record
+  or step end, whichever is later), and every device starts that segment free.
 - metrics rows {step, time_s, train_start, train_end, role_state?: {role: {throughput_tokens_per_s}},
   allocation}: step boundaries at `time_s`, training intervals [train_start, train_end].
 
@@ -36,6 +40,7 @@ each applied decision, the planner's modelled throughput of the plan it chose
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -200,6 +205,7 @@ class _Devices:
 
 @dataclass
 class _Open:
+    seq: int
     start: float
     rec: dict[str, Any]
     devices: tuple[int, ...]
@@ -239,27 +245,50 @@ def build_timeline(timeline_rows: Iterable[dict[str, Any]], metrics_rows: Iterab
                    num_devices: int) -> Timeline:
     """Records -> `Timeline` (module docstring). `num_devices` is the run's device count (config)."""
     devs = _Devices(int(num_devices))
-    shifts: list[Shift] = []
+    shifts: list[tuple[int, Shift]] = []
     open_: list[_Open] = []
     decisions: list[Decision] = []
     deaths: list[tuple[float, int]] = []
     thr = {r: {"actual": Series(), "modelled": Series()} for r in SERIES_ROLES}
     sim_samples = False
+    # a resumed run restarts its clock: split metrics rows into segments where time_s goes back,
+    # and give segment k the offset where segment k-1 ended (in the timeline or the metrics)
+    metrics_rows = [r for r in metrics_rows if number(r.get("time_s")) is not None]
+    m_seg, m_end = [], []
+    for row in metrics_rows:
+        ts = number(row["time_s"])
+        if m_end and ts < m_end[-1] - EPS:
+            m_end.append(ts)
+        elif not m_end:
+            m_end.append(ts)
+        else:
+            m_end[-1] = ts
+        m_seg.append(len(m_end) - 1)
+    offsets = [0.0]
+    seg_max = 0.0  # the current segment's latest local time in the timeline
     offset, last_t = 0.0, 0.0
 
     def close_open(t: float) -> None:
         for o in open_:
-            shifts.append(_shift(o, None))
+            shifts.append((o.seq, _shift(o, None)))
         open_.clear()
 
+    seq = itertools.count()  # shifts keep their record order
+    timing: dict[str, Any] | None = None  # the real runtimes' `shift_timing`, just before its allocation
     for rec in timeline_rows:
         kind = rec.get("kind")
         if kind == "resume":
-            close_open(last_t)
-            offset = last_t
+            k = len(offsets) - 1
+            offset += max(seg_max, m_end[k] if k < len(m_end) else 0.0)
+            offsets.append(offset)
+            seg_max = 0.0
+            close_open(offset)
             for d in range(devs.n):
-                devs.set(d, "free", last_t)
+                devs.set(d, "free", offset)
+            last_t = max(last_t, offset)
         raw = number(rec.get("now"))
+        if raw is not None:
+            seg_max = max(seg_max, raw)
         t = (raw + offset) if raw is not None else last_t
         last_t = max(last_t, t)
         if kind == "shift":
@@ -268,14 +297,17 @@ def build_timeline(timeline_rows: Iterable[dict[str, Any]], metrics_rows: Iterab
             ds = tuple(sorted(set(up) | set(down)))
             for d in ds:
                 devs.set(d, "shifting", t)
-            open_.append(_Open(t, rec, ds, tuple(sorted(set(up)))))
+            open_.append(_Open(next(seq), t, rec, ds, tuple(sorted(set(up)))))
+        elif kind == "shift_timing":
+            timing = rec
         elif kind == "allocation":
             secs = sum(x for x in (number(s) for s in rec.get("shift_seconds") or []) if x is not None)
-            o = _match(open_, t, secs)
+            o = _match(open_, t, secs, timing)
+            timing = None
             if o is None:
                 continue  # an allocation no plan explains (a file cut mid-run): nothing to move
             open_.remove(o)
-            shifts.append(_shift(o, t))
+            shifts.append((o.seq, _shift(o, t)))
             busy = {d for p in open_ for d in p.devices}
             role_up = str(o.rec.get("role_up"))
             for d in o.devices:
@@ -309,15 +341,11 @@ def build_timeline(timeline_rows: Iterable[dict[str, Any]], metrics_rows: Iterab
 
     steps: list[tuple[int, float]] = []
     training: list[tuple[int, float, float]] = []
-    m_off, m_last = 0.0, 0.0
-    for row in metrics_rows:
-        ts = number(row.get("time_s"))
-        if ts is None:
-            continue
-        if ts + m_off < m_last - EPS:  # a resumed run's clock restarted
-            m_off = m_last
-        ts += m_off
-        m_last = ts
+    m_last = 0.0
+    for row, k in zip(metrics_rows, m_seg):
+        m_off = offsets[k] if k < len(offsets) else offsets[-1] + sum(m_end[len(offsets) - 1:k])
+        ts = number(row["time_s"]) + m_off
+        m_last = max(m_last, ts)
         step = int(row.get("step", len(steps) + 1))
         steps.append((step, ts))
         a, b = number(row.get("train_start")), number(row.get("train_end"))
@@ -334,8 +362,9 @@ def build_timeline(timeline_rows: Iterable[dict[str, Any]], metrics_rows: Iterab
                 thr["overall"]["actual"].add(ts, sum(vals))
     end = max([last_t, m_last] + [b for _, _, b in training])
     close_open(end)
-    shifts.sort(key=lambda s: s.start)
-    return Timeline(num_devices=devs.n, end=end, intervals=devs.close(end), shifts=shifts, steps=steps,
+    shifts.sort(key=lambda x: x[0])
+    return Timeline(num_devices=devs.n, end=end, intervals=devs.close(end), shifts=[x[1] for x in shifts],
+                    steps=steps,
                     training=training, throughput=thr, decisions=decisions, deaths=deaths)
 
 
@@ -345,16 +374,21 @@ def _shift(o: _Open, end: float | None) -> Shift:
                  down=tuple(r.get("down") or ()), devices=o.devices, penalty=number(r.get("penalty")) or 0.0)
 
 
-def _match(open_: list[_Open], t: float, secs: float) -> _Open | None:
+def _match(open_: list[_Open], t: float, secs: float, timing: dict[str, Any] | None) -> _Open | None:
     """The in-flight plan an `allocation` record at `t` completes (module docstring)."""
+    pool = open_
+    if timing is not None:  # real runtimes name the plan's role and devices: keep the plans that fit
+        ds = {x.get("device") for x in timing.get("devices") or [] if isinstance(x, dict)}
+        fit = [o for o in open_ if str(o.rec.get("role_up")) == str(timing.get("role_up")) and ds <= set(o.devices)]
+        pool = fit or open_
     best, best_slack = None, math.inf
-    for o in open_:  # started-first order: a tie keeps the earlier plan
+    for o in pool:  # started-first order: a tie keeps the earlier plan
         slack = t - (o.start + secs)
         tol = 1e-6 * max(1.0, abs(t))
         if slack < -tol:
             continue
         if slack < best_slack - tol:
             best, best_slack = o, slack
-    if best is None and open_:
-        best = open_[0]  # measured seconds past the wall span (clock skew): the oldest plan
+    if best is None and pool:
+        best = pool[0]  # measured seconds past the wall span (clock skew): the oldest plan
     return best

@@ -515,9 +515,10 @@ class LocalRuntime:
 def run_real(cfg: Any, run_dir: Path, tracker: Any, accelerator: str = "cpu") -> dict[str, Any]:
     """Validate, run the RL loop on real devices, validate again; always tear down. Shared by
     `cluster=local` (CPU virtual devices) and `cluster=ray` (GPUs)."""
-    from pivotrl.runtime.local_setup import print_summary_table
+    from pivotrl.logging.teardown import close_all
 
     setup = LocalSetup(cfg, cfg.cluster.runtime, Path(run_dir), accelerator=accelerator)
+    error: BaseException | None = None
     try:
         setup.start()
         before = setup.val_accuracy(None)
@@ -528,11 +529,12 @@ def run_real(cfg: Any, run_dir: Path, tracker: Any, accelerator: str = "cpu") ->
         after = setup.val_accuracy("policy")
         summary.update(val_accuracy_after=after["sampled"], val_accuracy_greedy_after=after["greedy"])
         summary["bootstrap"] = setup.bootstrap_info
-        if setup.progress:
-            print_summary_table(summary)
-        return summary
-    finally:
-        setup.close()
+        return summary  # pivotrl.run prints the closing table (pivotrl.report.table)
+    except BaseException as e:
+        error = e
+        raise
+    finally:  # the run's own error stays the one raised; a teardown error is logged after it
+        close_all(error, [("shutting down the devices and Ray", setup.close)])
 
 
 def run_local(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:

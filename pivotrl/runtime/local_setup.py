@@ -5,7 +5,7 @@ token ids (`LocalPrompts`, the controller's `PromptSource`), the default device 
 when `deploy.allocation` is empty, the Ray cluster and device actors (through `cluster.py` and the
 executor), registering the policy and the frozen GenRM in the GPS, the `ControlEnv` the
 controller is built from, building requests / train batches / rewards for sample ids, held-out
-accuracy, teardown, and the closing console table. `local.py` owns the loop itself.
+accuracy and teardown (the closing console table is `pivotrl.report.table`). `local.py` owns the loop itself.
 """
 from __future__ import annotations
 
@@ -310,27 +310,3 @@ class LocalSetup:
             eng.shutdown()
         return {"sampled": float(res["val_acc_sampled"]), "greedy": float(res["val_acc_greedy"])}
 
-
-def print_summary_table(summary: dict[str, Any]) -> None:
-    """The closing console table: throughput, accuracy before/after, shifts, time per role."""
-    rows = [
-        ("deploy / devices", f"{summary.get('deploy')} / {summary.get('devices')}"),
-        ("steps (measured)", f"{summary.get('steps')} ({summary.get('measured_steps')})"),
-        ("throughput tokens/s", f"{summary.get('throughput_tokens_per_s', 0.0):.1f}"),
-        ("val accuracy before -> after",
-         f"{summary.get('val_accuracy_before', float('nan')):.3f} -> {summary.get('val_accuracy_after', float('nan')):.3f}"),
-        ("  greedy before -> after",
-         f"{summary.get('val_accuracy_greedy_before', float('nan')):.3f} -> "
-         f"{summary.get('val_accuracy_greedy_after', float('nan')):.3f}"),
-        ("shifts", str(summary.get("num_shifts"))),
-        ("tau_shift s (up+down)", ", ".join(f"{k}={v:.2f}" for k, v in (summary.get("tau_shift") or {}).items())),
-        ("device-s held per role", ", ".join(f"{k}={v:.0f}" for k, v in
-                                            (summary.get("device_seconds_by_role") or {}).items())),
-        ("training step device-s", f"{summary.get('train_busy_device_s', 0.0):.1f}"),
-        ("wall s", f"{summary.get('wall_s', 0.0):.1f}"),
-    ]
-    w = max(len(k) for k, _ in rows)
-    print("-" * (w + 30))
-    for k, v in rows:
-        print(f"{k:<{w}}  {v}")
-    print("-" * (w + 30), flush=True)
