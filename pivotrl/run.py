@@ -3,7 +3,7 @@
 Runtimes register by name in `RUNTIMES`. Each is a callable `(cfg, run_dir, tracker) -> summary`.
 The run folder is Hydra's output folder when called from `train.py`, else a fresh folder.
 
-Around the runtime, in this order: the folder's lock (one run per folder, `logging/runlock.py`),
+Around the runtime, in this order: the console mode (`logging.verbose`, `logging/console.py`), the folder's lock (one run per folder, `logging/runlock.py`),
 the resume check (`train.resume=true` needs a checkpoint in the folder unless
 `train.allow_fresh_start=true`), the tracker; after it: the closing table (`pivotrl.report`), and,
 in `finally` so a partial run gets them too, `timeline.png` (and `accuracy.png` where steps have an
@@ -113,13 +113,20 @@ def print_closing_table(run_dir: Path) -> None:
 
 def run(cfg: PivotConfig, run_dir: Path | None = None) -> dict[str, Any]:
     """Run one job and return its summary (also written to `run_dir/summary.json`)."""
-    from pivotrl.logging.runlock import RunLock
-    from pivotrl.logging.teardown import close_all
-    from pivotrl.logging.tracker import Tracker
+    from pivotrl.logging.console import console_mode
 
     kind = cfg.cluster.kind.value if hasattr(cfg.cluster.kind, "value") else str(cfg.cluster.kind)
     runtime = resolve_runtime(kind)
     run_dir = Path(run_dir) if run_dir is not None else run_dir_for(cfg)
+    with console_mode(bool(cfg.logging.verbose)):
+        return _run_locked(cfg, kind, runtime, run_dir)
+
+
+def _run_locked(cfg: PivotConfig, kind: str, runtime: Callable[..., dict[str, Any]], run_dir: Path) -> dict[str, Any]:
+    from pivotrl.logging.runlock import RunLock
+    from pivotrl.logging.teardown import close_all
+    from pivotrl.logging.tracker import Tracker
+
     lock = RunLock.acquire(run_dir, resume=bool(cfg.train.resume))
     tracker = None
     error: BaseException | None = None

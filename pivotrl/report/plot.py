@@ -1,8 +1,9 @@
 """The timeline picture of one run (`timeline.png`), drawn from a `Timeline`.
 
-Owns two steps, kept apart so tests can check what is drawn without reading PNG bytes:
+Owns three steps, kept apart so tests can check what is drawn without reading PNG bytes:
 `timeline_figure(tl, title) -> TimelineFigure` (pure: every bar, line, marker and table cell the
-picture will show) and `draw_timeline(fig, path)` (matplotlib, Agg). The picture, top to bottom:
+picture will show), `render(fig)` (the matplotlib figure, Agg) and `draw_timeline(fig, path)`.
+The picture, top to bottom:
 - a strip with each training step's interval (hatched) and a tick at every shift start;
 - devices x time, coloured by state (rollout, reward, train = held by training, free, shifting),
   RL step ends dashed; device labels thin out so 128 devices stay readable;
@@ -25,6 +26,7 @@ LABELS = {"rollout": "rollout", "reward": "reward (GenRM)", "train": "held by tr
           "shifting": "shifting"}
 SERIES_COLORS = {"rollout": "#c0395a", "reward": "#3f7f25", "overall": "#2f5fa8"}
 TOP_DECISIONS = 6
+SPARSE = 40  # a series with fewer points is drawn with markers
 
 
 @dataclass
@@ -34,6 +36,11 @@ class Line:
     v: list[float]
     color: str
     style: str  # "-" actual, ":" modelled
+    drawstyle: str = "default"
+    """actual: `steps-pre` (a sample is the rate over the interval it ends); modelled: `steps-post`
+    (the model's value holds until the next sample)."""
+    marker: str = ""
+    """Sparse series (real runs: one point per step or decision) get markers."""
 
 
 @dataclass
@@ -102,7 +109,8 @@ def timeline_figure(tl: Timeline, title: str = "") -> TimelineFigure:
         raw = [Line(f"{role} actual", views["actual"].t, views["actual"].v, SERIES_COLORS[role], "-"),
                Line(f"{role} modelled", views["modelled"].t, views["modelled"].v, SERIES_COLORS[role], ":")]
         k, unit = _rate_unit(raw)
-        lines = [Line(ln.label, [t / u for t in ln.t], [v / k for v in ln.v], ln.color, ln.style)
+        lines = [Line(ln.label, [t / u for t in ln.t], [v / k for v in ln.v], ln.color, ln.style,
+                      "steps-pre" if ln.style == "-" else "steps-post", "o" if len(ln.t) < SPARSE else "")
                  for ln in raw if ln.t]
         panels.append(Panel(f"{name}\n{unit}", lines))
     top = tl.largest_decisions(TOP_DECISIONS)
@@ -127,10 +135,21 @@ def timeline_figure(tl: Timeline, title: str = "") -> TimelineFigure:
 
 def draw_timeline(spec: TimelineFigure, path: Path, dpi: int = 110) -> Path:
     """Write `spec` as a PNG at `path`; returns the path."""
+    import matplotlib.pyplot as plt
+
+    fig = render(spec)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return Path(path)
+
+
+def render(spec: TimelineFigure):
+    """The matplotlib figure of `spec` (Agg; the caller closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.collections import PolyCollection
     from matplotlib.patches import Patch
 
     n = spec.num_devices
@@ -158,9 +177,11 @@ def draw_timeline(spec: TimelineFigure, path: Path, dpi: int = 110) -> Path:
 
     # devices x time
     h = 0.9 if n <= 8 else 1.0  # many devices: rows touch, stripes would only add noise
-    for role in ROLES:
-        for d, spans in spec.bars[role].items():
-            dev.broken_barh(spans, (d - h / 2, h), facecolors=COLORS[role], lw=0)
+    for role in ROLES:  # one collection per state: 128 devices stay a handful of artists
+        verts = [[(a, d - h / 2), (a + w, d - h / 2), (a + w, d + h / 2), (a, d + h / 2)]
+                 for d, spans in spec.bars[role].items() for a, w in spans]
+        if verts:
+            dev.add_collection(PolyCollection(verts, facecolors=COLORS[role], linewidths=0, label=role))
     for t in spec.step_ends:
         dev.axvline(t, color="#555", lw=0.6, ls="--")
     if spec.deaths:
@@ -178,7 +199,8 @@ def draw_timeline(spec: TimelineFigure, path: Path, dpi: int = 110) -> Path:
     # throughput panels
     for ax, panel in zip(thr, spec.panels):
         for ln in panel.lines:
-            ax.plot(ln.t, ln.v, ls=ln.style, color=ln.color, lw=1.0 if ln.style == "-" else 1.2, label=ln.label)
+            ax.plot(ln.t, ln.v, ls=ln.style, color=ln.color, lw=1.0 if ln.style == "-" else 1.2, label=ln.label,
+                    drawstyle=ln.drawstyle, marker=ln.marker or None, ms=4)
         for a, w in spec.training:
             ax.axvspan(a, a + w, color=COLORS["train"], alpha=0.18, lw=0)
         ax.set_ylabel(panel.ylabel, fontsize=8)
@@ -214,6 +236,4 @@ def draw_timeline(spec: TimelineFigure, path: Path, dpi: int = 110) -> Path:
     else:
         tab.text(0.5, 0.5, "no planner decisions with a benefit (static deployment or no planner calls)",
                  ha="center", va="center", fontsize=9, color="#555")
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return Path(path)
+    return fig

@@ -23,8 +23,10 @@ Record formats it reads (written by `pivotrl/deploy/base.py`, `pivotrl/deploy/pi
 - `decision` {now, role_up, reason, chosen, candidates: [{k, up, down, penalty, benefit, ...}],
   applied, trigger}: one planner call; its benefit is that of the chosen candidate (the candidate
   with the chosen plan's `up`), else the largest candidate benefit.
-- `throughput` (simulator only, `models.sim.throughput_sample_s`): {now, rollout, reward, overall
-  (modelled: what the planner sees), actual: {rollout, reward}, actual_total}.
+- `throughput` (written by the simulator, `models.sim.throughput_sample_s`; read from any runtime
+  that writes it): {now, rollout, reward, overall (modelled: what the planner sees), actual:
+  {rollout, reward} (tokens emitted over the interval since the previous sample / interval),
+  actual_total}.
 - `device_death` {now, device, role}; `resume` {now, version}: a resumed run appends to the same
   files with its clock restarted at 0, so the records after a `resume` (and the metrics rows from
   where `time_s` goes back) are shifted to start where the previous segment ended (its last record
@@ -250,7 +252,7 @@ def build_timeline(timeline_rows: Iterable[dict[str, Any]], metrics_rows: Iterab
     decisions: list[Decision] = []
     deaths: list[tuple[float, int]] = []
     thr = {r: {"actual": Series(), "modelled": Series()} for r in SERIES_ROLES}
-    sim_samples = False
+    samples = False
     # a resumed run restarts its clock: split metrics rows into segments where time_s goes back,
     # and give segment k the offset where segment k-1 ended (in the timeline or the metrics)
     metrics_rows = [r for r in metrics_rows if number(r.get("time_s")) is not None]
@@ -318,14 +320,14 @@ def build_timeline(timeline_rows: Iterable[dict[str, Any]], metrics_rows: Iterab
             dec = _decision(rec, t)
             decisions.append(dec)
             c = _chosen_candidate(rec) if dec.applied else None
-            if c is not None and not sim_samples:
+            if c is not None and not samples:
                 rt = c.get("role_throughput") or {}
                 thr["rollout"]["modelled"].add(t, rt.get("rollout"))
                 thr["reward"]["modelled"].add(t, rt.get("reward"))
                 thr["overall"]["modelled"].add(t, c.get("throughput"))
         elif kind == "throughput":
-            if not sim_samples:  # samples are the better modelled view: drop decision points
-                sim_samples = True
+            if not samples:  # samples are the better modelled view: drop decision points
+                samples = True
                 for r in SERIES_ROLES:
                     thr[r]["modelled"] = Series()
             actual = rec.get("actual") or {}
@@ -351,7 +353,7 @@ def build_timeline(timeline_rows: Iterable[dict[str, Any]], metrics_rows: Iterab
         a, b = number(row.get("train_start")), number(row.get("train_end"))
         if a is not None and b is not None:
             training.append((step, a + m_off, b + m_off))
-        if not sim_samples:
+        if not samples:
             rs = row.get("role_state") or {}
             vals = []
             for r in ("rollout", "reward"):
