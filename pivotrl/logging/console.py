@@ -1,8 +1,9 @@
 """What a run prints: step lines, progress bars and the closing table; the rest only with
 `logging.verbose=true`.
 
-Owns `console_mode(verbose)`, the context `pivotrl.run` runs a job in, and `ray_init_options()`,
-which `pivotrl/runtime/cluster.py` passes to `ray.init`. Quiet (the default) means:
+Owns `console_mode(verbose)`, the context `pivotrl.run` runs a job in, and `prepare_ray_init()`,
+which `pivotrl/runtime/cluster.py` calls just before `ray.init` (importing Ray resets its logger,
+so its level is set there) and whose options it passes to `ray.init`. Quiet (the default) means:
 - Ray's worker output does not reach the console (`log_to_driver=False`: the device actors' log
   lines, and with them Ray's "[repeated Nx across cluster]" dedup summaries; they stay in Ray's
   session logs, and a worker's error still reaches the driver as the exception it raised), and
@@ -20,11 +21,16 @@ import logging
 import sys
 from typing import Any, Iterator
 
-_state = {"verbose": True}
+_state: dict[str, Any] = {"verbose": True, "restore": []}
 
 
-def ray_init_options() -> dict[str, Any]:
-    """Keyword arguments for `ray.init` under the current console mode."""
+def prepare_ray_init() -> dict[str, Any]:
+    """Quiet: Ray's driver logger to ERROR (restored when the run's `console_mode` ends). Returns
+    the keyword arguments for `ray.init` under the current console mode."""
+    if not _state["verbose"]:
+        lg = logging.getLogger("ray")
+        _state["restore"].append((lg, lg.level))
+        lg.setLevel(logging.ERROR)
     return {"log_to_driver": bool(_state["verbose"])}
 
 
@@ -44,7 +50,7 @@ def console_mode(verbose: bool) -> Iterator[None]:
     saved_state = dict(_state)
     restore: list[tuple[Any, int]] = []
     try:
-        _state["verbose"] = bool(verbose)
+        _state["verbose"], _state["restore"] = bool(verbose), restore
         if not verbose:
             for h in _console_handlers():
                 restore.append((h, h.level))

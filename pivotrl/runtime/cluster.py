@@ -169,9 +169,9 @@ def _init_ray(spec: ClusterSpec) -> bool:
 
     if ray.is_initialized():
         return False
-    from pivotrl.logging.console import ray_init_options  # logging.verbose: workers' output to the console
+    from pivotrl.logging.console import prepare_ray_init  # logging.verbose: Ray's console output
 
-    kwargs: dict[str, Any] = dict(include_dashboard=False, configure_logging=False, **ray_init_options())
+    kwargs: dict[str, Any] = dict(include_dashboard=False, configure_logging=False, **prepare_ray_init())
     if spec.address is not None:
         ray.init(address=spec.address, **kwargs)
         return True  # our connection: disconnect at the end (the cluster itself stays up)
