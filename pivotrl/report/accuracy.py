@@ -53,9 +53,9 @@ def draw_accuracy(curves: list[AccuracyCurve], path: Path, dpi: int = 110) -> Pa
         a1.plot(c.steps, c.accuracy, "-o", ms=3, color=color, label=c.label)
         a2.plot(c.time_s, c.accuracy, "-o", ms=3, color=color, label=c.label)
         if c.val_before is not None and c.val_after is not None:  # held-out: start and end
-            a1.plot([0, c.steps[-1]], [c.val_before, c.val_after], "s--", color=color, ms=6, lw=0.8, alpha=0.7,
-                    label=f"held-out before/after: {c.val_before:.3f} -> {c.val_after:.3f}")
-            a2.plot([0, c.time_s[-1]], [c.val_before, c.val_after], "s--", color=color, ms=6, lw=0.8, alpha=0.7)
+            a1.plot([0, c.steps[-1]], [c.val_before, c.val_after], "s", color=color, ms=7, alpha=0.7,
+                    label=f"held-out before / after: {c.val_before:.3f} / {c.val_after:.3f}")
+            a2.plot([0, c.time_s[-1]], [c.val_before, c.val_after], "s", color=color, ms=7, alpha=0.7)
     a1.set_xlabel("RL step")
     a2.set_xlabel("run clock (s)")
     a1.set_ylabel("accuracy (train batch: solid; held-out: squares)")
@@ -63,7 +63,7 @@ def draw_accuracy(curves: list[AccuracyCurve], path: Path, dpi: int = 110) -> Pa
     a2.set_title("accuracy per second (a faster mode reaches it sooner)", fontsize=10)
     for ax in (a1, a2):
         ax.grid(alpha=0.3)
-    a1.legend(fontsize=7, loc="lower right")
+    a1.legend(fontsize=7, loc="best")
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return Path(path)
