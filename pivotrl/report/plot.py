@@ -65,8 +65,9 @@ class TimelineFigure:
     panels: list[Panel]
     decisions: list[tuple[float, float]]
     """(time, benefit) of every applied decision with a known benefit."""
-    numbered: list[tuple[int, float]]
-    """(table row number, time) of the largest decisions."""
+    numbered: list[tuple[int, float, int]]
+    """(table row number, time, label row) of the largest decisions; labels closer than 3 % of
+    the time axis to an earlier one go one row up, so close numbers do not print over each other."""
     table: list[list[str]]
     """Header row first."""
     deaths: list[tuple[float, int]]
@@ -95,6 +96,16 @@ def _fmt(x: float | None) -> str:
     if a >= 1e3:
         return f"{x / 1e3:.1f}K"
     return f"{x:.1f}"
+
+
+def label_rows(marks: list[tuple[int, float]], end: float) -> list[tuple[int, float, int]]:
+    gap = 0.03 * max(end, 1e-9)
+    placed: list[tuple[int, float, int]] = []
+    for i, t in sorted(marks, key=lambda m: m[1]):
+        taken = {row for _, t2, row in placed if abs(t - t2) < gap}
+        row = min(r for r in range(len(marks) + 1) if r not in taken)
+        placed.append((i, t, row))
+    return sorted(placed)
 
 
 def timeline_figure(tl: Timeline, title: str = "") -> TimelineFigure:
@@ -126,7 +137,7 @@ def timeline_figure(tl: Timeline, title: str = "") -> TimelineFigure:
         step_ends=[t / u for _, t in tl.steps],
         panels=panels,
         decisions=[(d.now / u, d.benefit) for d in tl.decisions if d.applied and d.benefit is not None],
-        numbered=[(i, d.now / u) for i, d in enumerate(top, 1)],
+        numbered=label_rows([(i, d.now / u) for i, d in enumerate(top, 1)], tl.end / u),
         table=table,
         deaths=[(t / u, d) for t, d in tl.deaths],
         device_ticks=list(range(0, n, step)),
@@ -216,8 +227,8 @@ def render(spec: TimelineFigure):
         y = ylo + 0.06 * (yhi - ylo)
         over.plot([t for t, _ in spec.decisions], [y] * len(spec.decisions), "v", color="#555", ms=4,
                   label="planner decision")
-        for i, t in spec.numbered:
-            over.annotate(str(i), (t, y), xytext=(0, 7), textcoords="offset points", ha="center",
+        for i, t, row in spec.numbered:
+            over.annotate(str(i), (t, y), xytext=(0, 7 + 9 * row), textcoords="offset points", ha="center",
                           fontsize=8, fontweight="bold")
         over.legend(fontsize=7, loc="upper right", ncol=3)
     for ax in thr[:-1]:

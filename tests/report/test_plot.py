@@ -27,7 +27,7 @@ def test_figure_content(spec):
     assert sum(len(v) for per in spec.bars.values() for v in per.values()) == sum(map(len, EXPECTED.values()))
     assert spec.training == [(15.0, 5.0)] and spec.step_ends == [20.0]
     assert spec.shift_starts == [0.0, 0.0, 0.0, 5.0, 10.0, 14.0, 20.0]
-    assert spec.decisions == [(5.0, 100.0), (10.0, 50.0)] and spec.numbered == [(1, 5.0), (2, 10.0)]
+    assert spec.decisions == [(5.0, 100.0), (10.0, 50.0)] and spec.numbered == [(1, 5.0, 0), (2, 10.0, 0)]
     assert spec.table == [["#", "t (s)", "role up", "replicas", "penalty (tok)", "benefit (tok)"],
                           ["1", "5.0", "rollout", "1", "0.0", "100.0"],
                           ["2", "10.0", "reward", "1", "0.0", "50.0"]]
@@ -65,6 +65,13 @@ def test_render_draws_the_spec(spec):
         assert [t.get_text() for t in dev.get_yticklabels()] == ["0", "1", "2", "3"]
     finally:
         plt.close(fig)
+
+
+def test_close_decision_labels_stack():
+    from pivotrl.report.plot import label_rows
+
+    assert label_rows([(1, 0.5), (2, 0.2), (3, 0.6), (4, 50.0)], 100.0) == [
+        (1, 0.5, 1), (2, 0.2, 0), (3, 0.6, 2), (4, 50.0, 0)]
 
 
 def test_128_devices_stay_legible(tmp_path):
