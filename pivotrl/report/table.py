@@ -36,7 +36,7 @@ def closing_rows(rec: RunRecords) -> list[tuple[str, str]]:
     acc = [r.get("train_accuracy") for r in m if r.get("train_accuracy") is not None]
     held = tl.device_seconds()
     total = sum(held.values())
-    per_role = " ".join(f"{r}={100 * held[r] / total:.0f}%" for r in ROLES if held[r] > 0) if total > 0 else "-"
+    per_role = " ".join(f"{r}={100 * held[r] / total:.0f}%" for r in ROLES if held[r] >= 5e-4 * total) if total > 0 else "-"
     clock = "simulated" if (s.get("cluster") or (rec.config.get("cluster") or {}).get("kind")) == "sim" else "wall"
     rows = [
         ("run", rec.label()),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import sys
 
+import pytest
+
 from pivotrl.logging.console import console_mode, prepare_ray_init
 
 
@@ -30,3 +32,49 @@ def test_quiet_then_restored():
         root.removeHandler(h)
         root.removeHandler(f)
         f.close()
+
+
+RAY_NOISE = """
+import sys, time, warnings
+import ray
+from pivotrl.logging.console import console_mode, prepare_ray_init
+
+with console_mode(bool(int(sys.argv[1]))):
+    ray.init(address="local", num_cpus=1, include_dashboard=False, configure_logging=False, **prepare_ray_init())
+
+    @ray.remote(num_cpus=0)
+    class Noisy:
+        def act(self):
+            warnings.warn("a stand-in third-party FutureWarning", FutureWarning)
+            print("the same worker line", flush=True)
+            return 1
+
+    actors = [Noisy.remote() for _ in range(3)]
+    for _ in range(3):
+        ray.get([a.act.remote() for a in actors])
+    time.sleep(6)  # the driver's log monitor prints dedup summaries within its 5 s window
+    ray.shutdown()
+print("done", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verbose", [True, False])
+def test_ray_worker_noise_reaches_the_console_only_when_verbose(verbose):
+    """Real Ray (a private `address="local"` instance): actors repeat a warning and a print.
+    Verbose: both reach the driver's console, with Ray's "[repeated Nx across cluster]" lines and
+    its token-auth notice. Quiet: none of them (the run's own output is unaffected)."""
+    import os
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", RAY_NOISE, str(int(verbose))], capture_output=True, text=True,
+                       timeout=240, env={**os.environ, "PYTHONPATH": os.getcwd(), "RAY_DEDUP_LOGS": "1"})
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and "done" in out, out[-2000:]
+    noise = ["the same worker line", "stand-in third-party FutureWarning", "across cluster"]
+    if verbose:
+        assert all(n in out for n in noise), out[-2000:]
+    else:
+        assert not any(n in out for n in noise), out[-2000:]
+        assert "Token authentication is enabled" not in out
