@@ -207,3 +207,17 @@ def test_real_sim_run_matches_its_allocation_samples(sim_run):
     assert checked > 5
     assert len(tl.training) == len(m_rows) and tl.steps[-1][1] == pytest.approx(tl.end)
     assert isinstance(tl.intervals[0], Interval)
+
+
+def test_report_imports_no_torch_ray_or_vllm():
+    """The report reads files only: usable on a laptop with a copied folder."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, pivotrl.report.__main__, pivotrl.report.plot, pivotrl.report.table, pivotrl.report.accuracy\n"
+            "import pivotrl.report.timeline\n"
+            "print(sorted(m for m in ('torch', 'ray', 'vllm', 'omegaconf') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()}).stdout.strip()
+    assert out == "[]"
