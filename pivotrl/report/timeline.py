@@ -246,128 +246,152 @@ def _chosen_candidate(rec: dict[str, Any]) -> dict[str, Any] | None:
 def build_timeline(timeline_rows: Iterable[dict[str, Any]], metrics_rows: Iterable[dict[str, Any]],
                    num_devices: int) -> Timeline:
     """Records -> `Timeline` (module docstring). `num_devices` is the run's device count (config)."""
-    devs = _Devices(int(num_devices))
-    shifts: list[tuple[int, Shift]] = []
-    open_: list[_Open] = []
-    decisions: list[Decision] = []
-    deaths: list[tuple[float, int]] = []
-    thr = {r: {"actual": Series(), "modelled": Series()} for r in SERIES_ROLES}
-    samples = False
-    # a resumed run restarts its clock: split metrics rows into segments where time_s goes back,
-    # and give segment k the offset where segment k-1 ended (in the timeline or the metrics)
-    metrics_rows = [r for r in metrics_rows if number(r.get("time_s")) is not None]
-    m_seg, m_end = [], []
+    b = _Builder(int(num_devices), [r for r in metrics_rows if number(r.get("time_s")) is not None])
+    for rec in timeline_rows:
+        b.feed(rec)
+    return b.finish()
+
+
+def _segments(metrics_rows: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
+    """A resumed run restarts its clock: each row's segment (a new one where `time_s` goes back)
+    and each segment's last `time_s`."""
+    seg, ends = [], []
     for row in metrics_rows:
         ts = number(row["time_s"])
-        if m_end and ts < m_end[-1] - EPS:
-            m_end.append(ts)
-        elif not m_end:
-            m_end.append(ts)
+        if not ends or ts < ends[-1] - EPS:
+            ends.append(ts)
         else:
-            m_end[-1] = ts
-        m_seg.append(len(m_end) - 1)
-    offsets = [0.0]
-    seg_max = 0.0  # the current segment's latest local time in the timeline
-    offset, last_t = 0.0, 0.0
+            ends[-1] = ts
+        seg.append(len(ends) - 1)
+    return seg, ends
 
-    def close_open(t: float) -> None:
-        for o in open_:
-            shifts.append((o.seq, _shift(o, None)))
-        open_.clear()
 
-    seq = itertools.count()  # shifts keep their record order
-    timing: dict[str, Any] | None = None  # the real runtimes' `shift_timing`, just before its allocation
-    for rec in timeline_rows:
+class _Builder:
+    """The state `build_timeline` carries through the records, one method per record kind."""
+
+    def __init__(self, n: int, metrics_rows: list[dict[str, Any]]) -> None:
+        self.devs = _Devices(n)
+        self.metrics = metrics_rows
+        self.m_seg, self.m_end = _segments(metrics_rows)
+        self.offsets = [0.0]  # clock offset of each resumed segment
+        self.seg_max = 0.0  # the current segment's latest local time in the timeline
+        self.last_t = 0.0
+        self.shifts: list[tuple[int, Shift]] = []
+        self.open: list[_Open] = []
+        self.seq = itertools.count()  # shifts keep their record order
+        self.timing: dict[str, Any] | None = None  # `shift_timing`, just before its allocation
+        self.decisions: list[Decision] = []
+        self.deaths: list[tuple[float, int]] = []
+        self.thr = {r: {"actual": Series(), "modelled": Series()} for r in SERIES_ROLES}
+        self.samples = False  # `throughput` records seen: they are the series
+
+    def feed(self, rec: dict[str, Any]) -> None:
         kind = rec.get("kind")
         if kind == "resume":
-            k = len(offsets) - 1
-            offset += max(seg_max, m_end[k] if k < len(m_end) else 0.0)
-            offsets.append(offset)
-            seg_max = 0.0
-            close_open(offset)
-            for d in range(devs.n):
-                devs.set(d, "free", offset)
-            last_t = max(last_t, offset)
+            self._resume()
         raw = number(rec.get("now"))
         if raw is not None:
-            seg_max = max(seg_max, raw)
-        t = (raw + offset) if raw is not None else last_t
-        last_t = max(last_t, t)
+            self.seg_max = max(self.seg_max, raw)
+        t = raw + self.offsets[-1] if raw is not None else self.last_t
+        self.last_t = max(self.last_t, t)
         if kind == "shift":
-            up = [d for s in rec.get("up") or [] for d in slot_devices(s)[1]]
-            down = [d for s in rec.get("down") or [] for d in slot_devices(s)[1]]
-            ds = tuple(sorted(set(up) | set(down)))
-            for d in ds:
-                devs.set(d, "shifting", t)
-            open_.append(_Open(next(seq), t, rec, ds, tuple(sorted(set(up)))))
+            self._shift(rec, t)
         elif kind == "shift_timing":
-            timing = rec
+            self.timing = rec
         elif kind == "allocation":
-            secs = sum(x for x in (number(s) for s in rec.get("shift_seconds") or []) if x is not None)
-            o = _match(open_, t, secs, timing)
-            timing = None
-            if o is None:
-                continue  # an allocation no plan explains (a file cut mid-run): nothing to move
-            open_.remove(o)
-            shifts.append((o.seq, _shift(o, t)))
-            busy = {d for p in open_ for d in p.devices}
-            role_up = str(o.rec.get("role_up"))
-            for d in o.devices:
-                if d in busy:
-                    continue  # another plan in flight still holds it
-                devs.set(d, role_up if d in o.up_devices else "free", t)
+            self._allocation(rec, t)
         elif kind == "decision":
-            dec = _decision(rec, t)
-            decisions.append(dec)
-            c = _chosen_candidate(rec) if dec.applied else None
-            if c is not None and not samples:
-                rt = c.get("role_throughput") or {}
-                thr["rollout"]["modelled"].add(t, rt.get("rollout"))
-                thr["reward"]["modelled"].add(t, rt.get("reward"))
-                thr["overall"]["modelled"].add(t, c.get("throughput"))
+            self._decision(rec, t)
         elif kind == "throughput":
-            if not samples:  # samples are the better modelled view: drop decision points
-                samples = True
-                for r in SERIES_ROLES:
-                    thr[r]["modelled"] = Series()
-            actual = rec.get("actual") or {}
-            for r in ("rollout", "reward"):
-                thr[r]["modelled"].add(t, rec.get(r))
-                thr[r]["actual"].add(t, actual.get(r))
-            thr["overall"]["modelled"].add(t, rec.get("overall"))
-            thr["overall"]["actual"].add(t, rec.get("actual_total"))
-        elif kind == "device_death":
-            d = rec.get("device")
-            if isinstance(d, int):
-                deaths.append((t, d))
+            self._throughput(rec, t)
+        elif kind == "device_death" and isinstance(rec.get("device"), int):
+            self.deaths.append((t, rec["device"]))
 
-    steps: list[tuple[int, float]] = []
-    training: list[tuple[int, float, float]] = []
-    m_last = 0.0
-    for row, k in zip(metrics_rows, m_seg):
-        m_off = offsets[k] if k < len(offsets) else offsets[-1] + sum(m_end[len(offsets) - 1:k])
-        ts = number(row["time_s"]) + m_off
-        m_last = max(m_last, ts)
-        step = int(row.get("step", len(steps) + 1))
-        steps.append((step, ts))
-        a, b = number(row.get("train_start")), number(row.get("train_end"))
-        if a is not None and b is not None:
-            training.append((step, a + m_off, b + m_off))
-        if not samples:
-            rs = row.get("role_state") or {}
-            vals = []
-            for r in ("rollout", "reward"):
-                v = number((rs.get(r) or {}).get("throughput_tokens_per_s"))
-                thr[r]["actual"].add(ts, v)
-                vals.append(v)
-            if all(v is not None for v in vals) and vals:
-                thr["overall"]["actual"].add(ts, sum(vals))
-    end = max([last_t, m_last] + [b for _, _, b in training])
-    close_open(end)
-    shifts.sort(key=lambda x: x[0])
-    return Timeline(num_devices=devs.n, end=end, intervals=devs.close(end), shifts=[x[1] for x in shifts],
-                    steps=steps,
-                    training=training, throughput=thr, decisions=decisions, deaths=deaths)
+    def _resume(self) -> None:
+        k = len(self.offsets) - 1
+        offset = self.offsets[-1] + max(self.seg_max, self.m_end[k] if k < len(self.m_end) else 0.0)
+        self.offsets.append(offset)
+        self.seg_max = 0.0
+        self._close_open()
+        for d in range(self.devs.n):
+            self.devs.set(d, "free", offset)
+        self.last_t = max(self.last_t, offset)
+
+    def _close_open(self) -> None:
+        self.shifts += [(o.seq, _shift(o, None)) for o in self.open]
+        self.open.clear()
+
+    def _shift(self, rec: dict[str, Any], t: float) -> None:
+        up = [d for s in rec.get("up") or [] for d in slot_devices(s)[1]]
+        down = [d for s in rec.get("down") or [] for d in slot_devices(s)[1]]
+        ds = tuple(sorted(set(up) | set(down)))
+        for d in ds:
+            self.devs.set(d, "shifting", t)
+        self.open.append(_Open(next(self.seq), t, rec, ds, tuple(sorted(set(up)))))
+
+    def _allocation(self, rec: dict[str, Any], t: float) -> None:
+        secs = sum(x for x in (number(s) for s in rec.get("shift_seconds") or []) if x is not None)
+        o = _match(self.open, t, secs, self.timing)
+        self.timing = None
+        if o is None:
+            return  # an allocation no plan explains (a file cut mid-run): nothing to move
+        self.open.remove(o)
+        self.shifts.append((o.seq, _shift(o, t)))
+        busy = {d for p in self.open for d in p.devices}
+        role_up = str(o.rec.get("role_up"))
+        for d in o.devices:
+            if d not in busy:  # else another plan in flight still holds it
+                self.devs.set(d, role_up if d in o.up_devices else "free", t)
+
+    def _decision(self, rec: dict[str, Any], t: float) -> None:
+        dec = _decision(rec, t)
+        self.decisions.append(dec)
+        c = _chosen_candidate(rec) if dec.applied else None
+        if c is not None and not self.samples:
+            rt = c.get("role_throughput") or {}
+            self.thr["rollout"]["modelled"].add(t, rt.get("rollout"))
+            self.thr["reward"]["modelled"].add(t, rt.get("reward"))
+            self.thr["overall"]["modelled"].add(t, c.get("throughput"))
+
+    def _throughput(self, rec: dict[str, Any], t: float) -> None:
+        if not self.samples:  # samples are the better modelled view: drop decision points
+            self.samples = True
+            for r in SERIES_ROLES:
+                self.thr[r]["modelled"] = Series()
+        actual = rec.get("actual") or {}
+        for r in ("rollout", "reward"):
+            self.thr[r]["modelled"].add(t, rec.get(r))
+            self.thr[r]["actual"].add(t, actual.get(r))
+        self.thr["overall"]["modelled"].add(t, rec.get("overall"))
+        self.thr["overall"]["actual"].add(t, rec.get("actual_total"))
+
+    def finish(self) -> Timeline:
+        steps: list[tuple[int, float]] = []
+        training: list[tuple[int, float, float]] = []
+        m_last, offs = 0.0, self.offsets
+        for row, k in zip(self.metrics, self.m_seg):
+            # a restart the timeline has no `resume` record for continues from the previous segment
+            off = offs[k] if k < len(offs) else offs[-1] + sum(self.m_end[len(offs) - 1:k])
+            ts = number(row["time_s"]) + off
+            m_last = max(m_last, ts)
+            step = int(row.get("step", len(steps) + 1))
+            steps.append((step, ts))
+            a, b = number(row.get("train_start")), number(row.get("train_end"))
+            if a is not None and b is not None:
+                training.append((step, a + off, b + off))
+            if not self.samples:
+                rs = row.get("role_state") or {}
+                vals = [number((rs.get(r) or {}).get("throughput_tokens_per_s")) for r in ("rollout", "reward")]
+                self.thr["rollout"]["actual"].add(ts, vals[0])
+                self.thr["reward"]["actual"].add(ts, vals[1])
+                if all(v is not None for v in vals):
+                    self.thr["overall"]["actual"].add(ts, sum(vals))
+        end = max([self.last_t, m_last] + [b for _, _, b in training])
+        self._close_open()
+        self.shifts.sort(key=lambda x: x[0])
+        return Timeline(num_devices=self.devs.n, end=end, intervals=self.devs.close(end),
+                        shifts=[x[1] for x in self.shifts], steps=steps, training=training,
+                        throughput=self.thr, decisions=self.decisions, deaths=self.deaths)
 
 
 def _shift(o: _Open, end: float | None) -> Shift:
