@@ -58,10 +58,9 @@ def closing_rows(rec: RunRecords) -> list[tuple[str, str]]:
          or "-"),
         ("training step device-s", _f(s.get("train_busy_device_s"), "{:.1f}")),
         ("ideal efficiency", _f(s.get("ideal_efficiency"))),
-        (f"run time s ({clock})", _f(tl.end, "{:.1f}")),
+        ("run clock s (timeline)", f"{_f(tl.end, '{:.1f}')} ({clock})"),
+        ("wall s", _f(s.get("wall_s"), "{:.1f}")),
     ]
-    if s.get("wall_s") is not None and clock == "simulated":
-        rows.append(("wall s", _f(s.get("wall_s"), "{:.1f}")))
     return rows
 
 
@@ -69,7 +68,7 @@ def format_table(columns: list[list[tuple[str, str]]]) -> str:
     """Runs side by side: the first column's labels, one value column per run."""
     if not columns:
         return ""
-    labels = [k for k, _ in columns[0]]
+    labels = list(dict.fromkeys(k for col in columns for k, _ in col))  # every run's rows, in order
     vals = [[dict(c).get(k, "-") for k in labels] for c in columns]
     lw = max(len(k) for k in labels)
     ws = [max(len(v) for v in col) for col in vals]
