@@ -165,7 +165,7 @@ def render(spec: TimelineFigure):
 
     n = spec.num_devices
     dev_h = 2.2 + min(n, 128) * 0.035
-    ratios = [0.45, dev_h, 1.1, 1.1, 1.1, 1.25]
+    ratios = [0.45, dev_h, 1.1, 1.1, 1.1, 1.25 if len(spec.table) > 1 else 0.3]
     fig, axes = plt.subplots(len(ratios), 1, figsize=(12, sum(ratios) + 0.8), layout="constrained",
                              gridspec_kw={"height_ratios": ratios})
     strip, dev, *thr, tab = axes
