@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,8 @@ from pivotrl.logging.runlock import LOCK_NAME, RunFolderBusy
 from pivotrl.logging.tracker import REQUIRED_SUMMARY_KEYS, Tracker
 from tests.config.test_compose import make
 from tests.report.conftest import sim_cfg
+
+ROOT = str(Path(__file__).resolve().parents[1])  # the repository, for subprocesses
 
 
 def fake_runtime(monkeypatch, body):
@@ -93,7 +96,7 @@ def test_second_run_into_a_busy_folder_stops_before_touching_it(tmp_path, monkey
     code = ("import sys, time; from pivotrl.logging.runlock import RunLock; RunLock.acquire(sys.argv[1]); "
             "print('held', flush=True); time.sleep(60)")
     p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+                         env={**os.environ, "PYTHONPATH": ROOT})
     try:
         assert p.stdout.readline().strip() == "held"
         fake_runtime(monkeypatch, lambda *a: pytest.fail("the runtime must not start"))
@@ -132,7 +135,7 @@ def test_resume_of_a_killed_run_takes_its_stale_lock_over(tmp_path, monkeypatch,
     code = ("import sys, os; from pivotrl.logging.runlock import RunLock; RunLock.acquire(sys.argv[1]); "
             "print(os.getpid(), flush=True); os._exit(1)")  # dies without releasing
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": os.getcwd()}, timeout=60)
+                         env={**os.environ, "PYTHONPATH": ROOT}, timeout=60)
     dead = int(out.stdout.strip())
     fake_runtime(monkeypatch, lambda cfg, d, t: summary_of())
     with pytest.raises(RunFolderBusy, match=f"pid {dead}"):

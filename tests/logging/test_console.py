@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 import pytest
 
 from pivotrl.logging.console import console_mode, prepare_ray_init
+
+ROOT = str(Path(__file__).resolve().parents[2])  # the repository, for subprocesses
 
 
 def test_quiet_then_restored():
@@ -39,6 +42,7 @@ import sys, time, warnings
 import ray
 from pivotrl.logging.console import console_mode, prepare_ray_init
 
+
 with console_mode(bool(int(sys.argv[1]))):
     ray.init(address="local", num_cpus=1, include_dashboard=False, configure_logging=False, **prepare_ray_init())
 
@@ -69,7 +73,7 @@ def test_ray_worker_noise_reaches_the_console_only_when_verbose(verbose):
     import sys
 
     p = subprocess.run([sys.executable, "-c", RAY_NOISE, str(int(verbose))], capture_output=True, text=True,
-                       timeout=240, env={**os.environ, "PYTHONPATH": os.getcwd(), "RAY_DEDUP_LOGS": "1"})
+                       timeout=240, env={**os.environ, "PYTHONPATH": ROOT, "RAY_DEDUP_LOGS": "1"})
     out = p.stdout + p.stderr
     assert p.returncode == 0 and "done" in out, out[-2000:]
     noise = ["the same worker line", "stand-in third-party FutureWarning", "across cluster"]

@@ -8,10 +8,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from pivotrl.logging.runlock import LOCK_NAME, RunFolderBusy, RunLock
+
+ROOT = str(Path(__file__).resolve().parents[2])  # the repository, for subprocesses
 
 HOLD = """
 import sys, time
@@ -27,7 +30,7 @@ def holder(tmp_path):
     """A live process holding the lock of tmp_path/run."""
     d = tmp_path / "run"
     p = subprocess.Popen([sys.executable, "-c", HOLD, str(d)], stdout=subprocess.PIPE, text=True,
-                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+                         env={**os.environ, "PYTHONPATH": ROOT})
     assert p.stdout.readline().strip() == "held"
     yield d, p
     if p.poll() is None:

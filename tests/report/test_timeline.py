@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import collections
 import json
+from pathlib import Path
 
 import pytest
 
 from pivotrl.report.timeline import ROLES, Interval, build_timeline, slot_devices
+
+ROOT = str(Path(__file__).resolve().parents[2])  # the repository, for subprocesses
 
 
 def shift(now, role_up, up, down=(), penalty=0.0):
@@ -219,5 +222,5 @@ def test_report_imports_no_torch_ray_or_vllm():
             "import pivotrl.report.timeline\n"
             "print(sorted(m for m in ('torch', 'ray', 'vllm', 'omegaconf') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": os.getcwd()}).stdout.strip()
+                         env={**os.environ, "PYTHONPATH": ROOT}).stdout.strip()
     assert out == "[]"
