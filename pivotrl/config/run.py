@@ -46,8 +46,9 @@ class LoggingConfig:
     progress: bool = True
     """Show progress bars on long work, the step lines and the closing table."""
     verbose: bool = False
-    """Show the third-party console output a run normally hides: known library warnings (the
-    transformers deprecation notices) and Ray's worker log lines and dedup summaries."""
+    """Show on the console what a run normally keeps off it (`pivotrl/logging/console.py`): Ray's
+    worker output (and its "[repeated Nx across cluster]" lines) and driver notices, the
+    project's INFO lines (always in the run folder's train.log), transformers' logger warnings."""
 
     def __post_init__(self) -> None:
         allowed = ("auto", "online", "offline", "disabled")

@@ -2,7 +2,9 @@
 
 Owns `config.yaml`, `metrics.jsonl` (one line per RL step), `timeline.jsonl` (allocations, shifts,
 planner decisions) and `summary.json`. wandb is one more sink: offline unless the user is logged in
-(`logging.wandb_mode=auto`). Plots read the files, never the wandb API. Knows nothing about runtimes.
+(`logging.wandb_mode=auto`), with each step's scalars and devices per role (`wandb_row`) and the
+pictures drawn from the files at the end (`log_images`). Plots read the files, never the wandb
+API. Knows nothing about runtimes.
 """
 from __future__ import annotations
 
