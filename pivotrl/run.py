@@ -3,12 +3,12 @@
 Runtimes register by name in `RUNTIMES`. Each is a callable `(cfg, run_dir, tracker) -> summary`.
 The run folder is Hydra's output folder when called from `train.py`, else a fresh folder.
 
-Around the runtime, in this order: the console mode (`logging.verbose`, `logging/console.py`), the folder's lock (one run per folder, `logging/runlock.py`),
-the resume check (`train.resume=true` needs a checkpoint in the folder unless
-`train.allow_fresh_start=true`), the tracker; after it: the closing table (`pivotrl.report`), and,
-in `finally` so a partial run gets them too, `timeline.png` (and `accuracy.png` where steps have an
-accuracy) drawn from the folder's records and logged to wandb, then the tracker and the lock are
-closed. The first error is the one raised; teardown errors are logged after it
+Around the runtime, in this order: the console mode (`logging.verbose`, `logging/console.py`), the
+folder's lock (one run per folder, `logging/runlock.py`), the resume check (`train.resume=true`
+needs a checkpoint in the folder unless `train.allow_fresh_start=true`), the tracker; after it:
+the closing table (`pivotrl.report.table`, every runtime), and, in `finally` so a partial run gets
+them too, `timeline.png` (and `accuracy.png` where steps have an accuracy) drawn from the folder's
+records and logged to wandb, then the tracker and the lock are closed. The first error is the one raised; teardown errors are logged after it
 (`logging/teardown.py`). A picture that cannot be drawn is logged, never fatal: the records are
 what matters, and `python -m pivotrl.report RUN_DIR` redraws it.
 """
