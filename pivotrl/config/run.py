@@ -22,7 +22,10 @@ class TrainConfig:
     group_size: int = 8
     """G: responses per prompt (GRPO group); >= 2, since GRPO compares the samples of a prompt."""
     resume: bool = False
-    """Continue from the last checkpoint in the run folder."""
+    """Continue from the last checkpoint in the run folder (`hydra.run.dir=<that run's folder>`). A
+    folder without a complete checkpoint is an error at start, unless `allow_fresh_start`."""
+    allow_fresh_start: bool = False
+    """With `resume`: start over when the run folder holds no checkpoint, instead of stopping."""
     checkpoint_every: int = 1
     """Checkpoint every this many steps (real runtimes)."""
 
@@ -46,7 +49,11 @@ class LoggingConfig:
     wandb_project: str = "pivotrl"
     """wandb project name."""
     progress: bool = True
-    """Show progress bars on long work."""
+    """Show progress bars on long work, the step lines and the closing table."""
+    verbose: bool = False
+    """Show on the console what a run normally keeps off it (`pivotrl/logging/console.py`): Ray's
+    worker output (and its "[repeated Nx across cluster]" lines) and driver notices, the
+    project's INFO lines (always in the run folder's train.log), transformers' logger warnings."""
 
     def __post_init__(self) -> None:
         allowed = ("auto", "online", "offline", "disabled")

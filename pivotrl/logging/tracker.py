@@ -2,7 +2,9 @@
 
 Owns `config.yaml`, `metrics.jsonl` (one line per RL step), `timeline.jsonl` (allocations, shifts,
 planner decisions) and `summary.json`. wandb is one more sink: offline unless the user is logged in
-(`logging.wandb_mode=auto`). Plots read the files, never the wandb API. Knows nothing about runtimes.
+(`logging.wandb_mode=auto`), with each step's scalars and devices per role (`wandb_row`) and the
+pictures drawn from the files at the end (`log_images`). Plots read the files, never the wandb
+API. Knows nothing about runtimes.
 """
 from __future__ import annotations
 
@@ -35,6 +37,18 @@ def to_jsonable(x: Any) -> Any:
     if isinstance(x, Path):
         return str(x)
     return x
+
+
+def wandb_row(row: dict[str, Any]) -> dict[str, float]:
+    """The numbers of one metrics row that go to wandb: every scalar, and the allocation at the
+    step's end as `allocation/<role>` (devices per role: rollout, reward, train, free)."""
+    out = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    alloc = row.get("allocation")
+    if isinstance(alloc, dict):
+        for role, n in alloc.items():
+            if isinstance(n, (int, float)) and not isinstance(n, bool):
+                out[f"allocation/{role}"] = n
+    return out
 
 
 def _wandb_mode(requested: str) -> str:
@@ -74,12 +88,20 @@ class Tracker:
         (self.run_dir / "config.yaml").write_text(text)
 
     def log_step(self, metrics: dict[str, Any]) -> None:
-        """One line per RL step in metrics.jsonl, and the same numbers to wandb."""
+        """One line per RL step in metrics.jsonl, and the same numbers to wandb (`wandb_row`)."""
         row = to_jsonable(metrics)
         self._metrics.write(json.dumps(row) + "\n")
         if self._wandb is not None:
-            flat = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-            self._wandb.log(flat, step=int(row.get("step", 0)))
+            self._wandb.log(wandb_row(row), step=int(row.get("step", 0)))
+
+    def log_images(self, images: dict[str, Path]) -> None:
+        """Pictures drawn from the run's files (the timeline, accuracy), to wandb as images, logged
+        beside the last step's metrics. The files themselves stay in the run folder."""
+        if self._wandb is None or not images:
+            return
+        import wandb
+
+        self._wandb.log({f"pictures/{k}": wandb.Image(str(p)) for k, p in images.items()})
 
     def log_event(self, kind: str, **fields: Any) -> None:
         """One timeline record: an allocation, a shift, a planner decision."""

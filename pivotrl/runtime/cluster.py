@@ -169,7 +169,9 @@ def _init_ray(spec: ClusterSpec) -> bool:
 
     if ray.is_initialized():
         return False
-    kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
+    from pivotrl.logging.console import prepare_ray_init  # logging.verbose: Ray's console output
+
+    kwargs: dict[str, Any] = dict(include_dashboard=False, configure_logging=False, **prepare_ray_init())
     if spec.address is not None:
         ray.init(address=spec.address, **kwargs)
         return True  # our connection: disconnect at the end (the cluster itself stays up)

@@ -3,7 +3,7 @@ schedulers and planner as the simulator, through the same runtime loop.
 
 `run_real` wires the pieces and always tears down: assets (checkpoints, data), samples, the
 launched devices, the controller (resumed at a checkpoint's version), the device driver, the loop
-and the recorder; held-out accuracy before and after; the closing table. The two cluster kinds
+and the recorder; held-out accuracy before and after (the closing table is `pivotrl.run`'s). The two cluster kinds
 differ only in how the devices are launched (`launch.py`, `cluster.py`).
 """
 from __future__ import annotations
@@ -79,7 +79,10 @@ def run_real(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
     tok = load_tokenizer(assets.policy_path)
     val = load_val_examples(assets.val_path, cfg.data.val_size)
     samples = Samples(cfg, tok, load_examples(assets.train_path), r.prompts_per_step, r.group_size, r.max_response)
+    from pivotrl.logging.teardown import close_all
+
     launch = Launch(cfg, r, assets.policy_path, assets.genrm_path, run_dir)
+    error: BaseException | None = None
     try:
         launch.start()
         before = val_accuracy(cfg, r, assets, tok, val, launch.params, None)
@@ -97,33 +100,9 @@ def run_real(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
         after = val_accuracy(cfg, r, assets, tok, val, launch.params, "policy")
         summary.update(val_accuracy_after=after["sampled"], val_accuracy_greedy_after=after["greedy"],
                        bootstrap=assets.bootstrap_info)
-        if progress:
-            print_summary_table(summary)
-        return summary
-    finally:
-        launch.close()
-
-
-def print_summary_table(summary: dict[str, Any]) -> None:
-    """The closing console table: throughput, accuracy before/after, shifts, time per role."""
-    rows = [
-        ("deploy / devices", f"{summary.get('deploy')} / {summary.get('devices')}"),
-        ("steps (measured)", f"{summary.get('steps')} ({summary.get('measured_steps')})"),
-        ("throughput tokens/s", f"{summary.get('throughput_tokens_per_s', 0.0):.1f}"),
-        ("val accuracy before -> after",
-         f"{summary.get('val_accuracy_before', float('nan')):.3f} -> {summary.get('val_accuracy_after', float('nan')):.3f}"),
-        ("  greedy before -> after",
-         f"{summary.get('val_accuracy_greedy_before', float('nan')):.3f} -> "
-         f"{summary.get('val_accuracy_greedy_after', float('nan')):.3f}"),
-        ("shifts", str(summary.get("num_shifts"))),
-        ("tau_shift s (up+down)", ", ".join(f"{k}={v:.2f}" for k, v in (summary.get("tau_shift") or {}).items())),
-        ("device-s held per role", ", ".join(f"{k}={v:.0f}" for k, v in
-                                            (summary.get("device_seconds_by_role") or {}).items())),
-        ("training step device-s", f"{summary.get('train_busy_device_s', 0.0):.1f}"),
-        ("wall s", f"{summary.get('wall_s', 0.0):.1f}"),
-    ]
-    w = max(len(k) for k, _ in rows)
-    print("-" * (w + 30))
-    for k, v in rows:
-        print(f"{k:<{w}}  {v}")
-    print("-" * (w + 30), flush=True)
+        return summary  # pivotrl.run prints the closing table (pivotrl.report.table)
+    except BaseException as e:
+        error = e
+        raise
+    finally:  # the run's own error stays the one raised; a teardown error is logged after it
+        close_all(error, [("shutting down the devices and Ray", launch.close)])

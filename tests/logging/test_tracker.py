@@ -46,3 +46,35 @@ def test_summary_missing_keys_is_an_error(tmp_path, cfg):
 def test_to_jsonable_handles_inf_and_enums(cfg):
     out = to_jsonable({"a": math.inf, "b": cfg.deploy.mode, "c": (1, 2)})
     assert out == {"a": "inf", "b": "pivot", "c": [1, 2]}
+
+
+def test_wandb_gets_allocation_per_role_and_pictures(tmp_path, cfg):
+    """Offline wandb: the allocation at each step's end as `allocation/<role>` metrics, and the
+    run's pictures as images (written to the offline run's media folder)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pivotrl.logging.tracker import wandb_row
+
+    row = {"step": 3, "throughput": 2.0, "ok": True, "allocation": {"rollout": 2, "reward": 1, "train": 1, "free": 0}}
+    assert wandb_row(row) == {"step": 3, "throughput": 2.0, "allocation/rollout": 2, "allocation/reward": 1,
+                              "allocation/train": 1, "allocation/free": 0}
+    png = tmp_path / "p.png"
+    fig = plt.figure(figsize=(2, 2))
+    fig.savefig(png)
+    plt.close(fig)
+    t = Tracker(cfg, tmp_path / "run")
+    t.log_step(row)
+    t.log_images({"timeline": png})
+    wdir = t.wandb_dir
+    t.close()
+    media = list((wdir / "media" / "images" / "pictures").glob("timeline_*.png"))
+    assert len(media) == 1
+
+
+def test_disabled_wandb_ignores_pictures(tmp_path, cfg):
+    t = Tracker(cfg, tmp_path, use_wandb=False)
+    t.log_images({"timeline": tmp_path / "missing.png"})  # no wandb run: nothing is read or sent
+    t.close()

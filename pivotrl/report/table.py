@@ -1,0 +1,80 @@
+"""The closing table of a run, and the same figures side by side for several runs.
+
+Owns `closing_rows(records) -> [(label, value)]` (pure: from the run folder's summary, metrics and
+timeline) and `format_table(columns)`: one column per run. The figures: throughput, held-out
+accuracy before and after (real runtimes), train accuracy of the first and last step, shifts, time
+per device state (from the timeline), ideal efficiency where the runtime knows it (sim), wall
+time, and whether the run finished (a summary was written).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pivotrl.report.records import RunRecords
+from pivotrl.report.timeline import ROLES
+
+
+def _f(x: Any, fmt: str = "{:.3f}") -> str:
+    if isinstance(x, bool) or x is None:
+        return "-"
+    if isinstance(x, str):
+        try:
+            x = float(x)
+        except ValueError:
+            return x
+    if isinstance(x, (int, float)) and math.isfinite(x):
+        return fmt.format(x)
+    return "-"
+
+
+def closing_rows(rec: RunRecords) -> list[tuple[str, str]]:
+    """(label, value) rows of one run's closing table."""
+    s = rec.summary or {}
+    m = rec.metrics
+    tl = rec.timeline_view()
+    acc = [r.get("train_accuracy") for r in m if r.get("train_accuracy") is not None]
+    held = tl.device_seconds()
+    total = sum(held.values())
+    per_role = " ".join(f"{r}={100 * held[r] / total:.0f}%" for r in ROLES if held[r] >= 5e-4 * total) if total > 0 else "-"
+    clock = "simulated" if (s.get("cluster") or (rec.config.get("cluster") or {}).get("kind")) == "sim" else "wall"
+    rows = [
+        ("run", rec.label()),
+        ("folder", rec.name),
+        ("status", "finished" if rec.summary is not None else f"partial ({len(m)} steps recorded, no summary)"),
+        ("devices", str(rec.num_devices)),
+        ("steps (measured)", f"{s.get('steps', len(m))} ({s.get('measured_steps', '-')})"),
+        ("throughput tokens/s", _f(s.get("throughput_tokens_per_s"), "{:.1f}")),
+        ("val accuracy before -> after",
+         f"{_f(s.get('val_accuracy_before'))} -> {_f(s.get('val_accuracy_after'))}"),
+        ("  greedy before -> after",
+         f"{_f(s.get('val_accuracy_greedy_before'))} -> {_f(s.get('val_accuracy_greedy_after'))}"),
+        ("train accuracy first -> last step", f"{_f(acc[0] if acc else None)} -> {_f(acc[-1] if acc else None)}"),
+        ("shifts (replica moves)", str(s.get("num_shifts", "-"))),
+        ("shift plans", str(len(tl.shifts))),
+        ("planner decisions applied", str(sum(1 for d in tl.decisions if d.applied))),
+        ("device time per state", per_role),
+        ("tau_shift s (up+down)", ", ".join(f"{k}={_f(v, '{:.2f}')}" for k, v in (s.get("tau_shift") or {}).items())
+         or "-"),
+        ("training step device-s", _f(s.get("train_busy_device_s"), "{:.1f}")),
+        ("ideal efficiency", _f(s.get("ideal_efficiency"))),
+        ("run clock s (timeline)", f"{_f(tl.end, '{:.1f}')} ({clock})"),
+        ("wall s", _f(s.get("wall_s"), "{:.1f}")),
+    ]
+    return rows
+
+
+def format_table(columns: list[list[tuple[str, str]]]) -> str:
+    """Runs side by side: the first column's labels, one value column per run."""
+    if not columns:
+        return ""
+    labels = list(dict.fromkeys(k for col in columns for k, _ in col))  # every run's rows, in order
+    vals = [[dict(c).get(k, "-") for k in labels] for c in columns]
+    lw = max(len(k) for k in labels)
+    ws = [max(len(v) for v in col) for col in vals]
+    rule = "-" * (lw + sum(w + 2 for w in ws))
+    out = [rule]
+    for i, k in enumerate(labels):
+        out.append(f"{k:<{lw}}" + "".join(f"  {col[i]:<{w}}" for col, w in zip(vals, ws)))
+    out.append(rule)
+    return "\n".join(out)

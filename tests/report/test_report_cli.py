@@ -1,0 +1,97 @@
+"""`python -m pivotrl.report` on real run folders (a stored `cluster=local` run and fresh sim runs):
+both runs' figures printed side by side, timelines redrawn, accuracy per step and per second.
+Also the local runtime's record format rebuilt against its own allocation records."""
+from __future__ import annotations
+
+import collections
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pivotrl.report.__main__ import main
+from pivotrl.report.accuracy import accuracy_curves
+from pivotrl.report.records import RunRecords
+from pivotrl.report.table import closing_rows
+from pivotrl.report.timeline import slot_devices
+
+LOCAL = Path(__file__).parent / "data" / "local_pivot_4steps"
+
+
+@pytest.fixture()
+def local_copy(tmp_path):
+    """A copy of the folder (the report reads only its files: a folder from another machine)."""
+    return Path(shutil.copytree(LOCAL, tmp_path / "local_run"))
+
+
+def test_two_runs_side_by_side(local_copy, sim_run, tmp_path, capsys):
+    out_dir = tmp_path / "pictures"
+    assert main([str(local_copy), str(sim_run), "--out", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    lines = {ln.split("  ")[0].strip(): ln for ln in out.splitlines()}
+    loc, sim = RunRecords.read(local_copy).summary, RunRecords.read(sim_run).summary
+    assert "pivot/tiny/local" in lines["run"] and "pivot/qwen1.5b_glm9b/sim" in lines["run"]
+    assert f"{loc['throughput_tokens_per_s']:.1f}" in lines["throughput tokens/s"]
+    assert f"{sim['throughput_tokens_per_s']:.1f}" in lines["throughput tokens/s"]
+    assert f"{loc['val_accuracy_before']:.3f} -> {loc['val_accuracy_after']:.3f}" in lines["val accuracy before -> after"]
+    assert f"{sim['ideal_efficiency']:.3f}" in lines["ideal efficiency"]
+    assert str(loc["num_shifts"]) in lines["shifts (replica moves)"] and str(sim["num_shifts"]) in lines["shifts (replica moves)"]
+    assert lines["device time per state"].count("reward=") == 2
+    assert (out_dir / "local_run_timeline.png").exists() and (out_dir / f"{sim_run.name}_timeline.png").exists()
+    assert (out_dir / "accuracy.png").exists()
+
+
+def test_one_run_writes_into_its_folder(local_copy, capsys):
+    assert main([str(local_copy)]) == 0
+    assert (local_copy / "timeline.png").exists() and (local_copy / "accuracy.png").exists()
+
+
+def test_not_a_run_folder(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 2
+    assert "no timeline.jsonl or metrics.jsonl" in capsys.readouterr().err
+
+
+def test_closing_rows_and_accuracy_of_the_local_run(local_copy):
+    rec = RunRecords.read(local_copy)
+    rows = dict(closing_rows(rec))
+    held = rec.timeline_view().device_seconds()
+    assert rows["status"] == "finished" and rows["devices"] == "4"
+    assert sum(held.values()) == pytest.approx(4 * rec.timeline_view().end)
+    (c,) = accuracy_curves([rec])
+    assert c.steps == [r["step"] for r in rec.metrics]
+    assert c.accuracy == [r["train_accuracy"] for r in rec.metrics]
+    assert c.time_s == [r["time_s"] for r in rec.metrics]
+    assert (c.val_before, c.val_after) == (rec.summary["val_accuracy_before"], rec.summary["val_accuracy_after"])
+
+
+def test_local_records_agree_with_their_allocation_records(local_copy):
+    """After each plan completes, the controller's devices per role (devices of plans still in
+    flight counted for their target) equal the states rebuilt from the records."""
+    rec = RunRecords.read(local_copy)
+    tl = rec.timeline_view()
+    assert len(tl.shifts) == sum(1 for r in rec.timeline if r["kind"] == "shift") and all(s.end for s in tl.shifts)
+    checked = 0
+    for i, r in enumerate(rec.timeline):
+        t = r.get("now")
+        if r["kind"] != "allocation" or any(x["kind"] == "shift" and x.get("now") == t for x in rec.timeline[i + 1:i + 5]):
+            continue
+        state = {iv.device: iv.role for iv in tl.intervals if iv.start <= t + 1e-9 < iv.end}
+        for s in tl.shifts:
+            if s.start < t - 1e-9 and s.end > t + 1e-9:
+                up = {d for u in s.up for d in slot_devices(u)[1]}
+                state.update({d: (s.role_up if d in up else "free") for d in s.devices})
+        got = {k: v for k, v in collections.Counter(state.values()).items() if v}
+        assert got == {k: v for k, v in r["allocation"].items() if v}, t
+        checked += 1
+    assert checked >= 5
+    assert [st for st, _ in tl.steps] == [1, 2, 3, 4] and len(tl.training) == 4
+
+
+def test_a_cut_folder_reads_as_partial(local_copy, capsys):
+    (local_copy / "summary.json").unlink()
+    with open(local_copy / "timeline.jsonl", "a") as f:
+        f.write('{"kind": "shift", "now": 99.0, "role_up"')  # killed mid-write
+    assert main([str(local_copy), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "partial (4 steps recorded, no summary)" in out
+    assert "1 line(s) were not JSON" in out
