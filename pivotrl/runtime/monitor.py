@@ -54,8 +54,8 @@ class RoleState:
     kv_tokens: int = 0
     kv_capacity: int = 0
     throughput_tokens_per_s: float = 0.0
-    """Generated tokens per second over the last window, summed over replicas."""
-    batch_ready: bool = False
+    """Generated tokens per second over the last window (at the time of the record), summed over
+    replicas; 0 once a role has produced nothing for a whole window."""
 
     @property
     def kv_utilisation(self) -> float:
@@ -77,7 +77,6 @@ class Monitor:
     def __init__(self, window_s: float = 10.0) -> None:
         self.window_s = window_s
         self.data: dict[Role, _RoleData] = {r: _RoleData() for r in INFERENCE_ROLES}
-        self.fitted: dict[Role, ThroughputModel] = {}
 
     def ingest(self, role: Role, device: int, stats: Any, new_tokens: int, now: float | None = None) -> None:
         """One poll of `device` serving `role`: its EngineStats (samples drained) and new tokens."""
@@ -111,7 +110,6 @@ class Monitor:
             model = fit_delivered(list(d.iters), [p for batch in d.prefills for p in batch])
         except (ValueError, ArithmeticError):
             return None
-        self.fitted[role] = model
         d.fits += 1
         return model
 
@@ -119,13 +117,13 @@ class Monitor:
         """The per-sequence prefill samples (L, seconds) the fit uses (module docstring)."""
         return [p for batch in self.data[role].prefills for p in batch]
 
-    def state(self, role: Role, scheduler: Any = None, batch_ready: bool = False,
-              now: float | None = None) -> RoleState:
+    def state(self, role: Role, scheduler: Any = None, now: float | None = None) -> RoleState:
         d = self.data[role]
         now = time.monotonic() if now is None else now
-        span = min(self.window_s, max(1e-9, now - d.tokens[0][0])) if d.tokens else 0.0
-        toks = sum(t for _, t in d.tokens)
-        st = RoleState(role=role.value, replicas=len(d.load), batch_ready=batch_ready,
+        recent = [(t, n) for t, n in d.tokens if t >= now - self.window_s]  # ingest ages them only on new tokens
+        span = min(self.window_s, max(1e-9, now - recent[0][0])) if recent else 0.0
+        toks = sum(n for _, n in recent)
+        st = RoleState(role=role.value, replicas=len(d.load),
                        running=sum(s.running for s in d.load.values()),
                        kv_tokens=sum(s.kv_tokens for s in d.load.values()),
                        kv_capacity=sum(s.kv_capacity_tokens for s in d.load.values()),

@@ -60,3 +60,17 @@ def test_batched_prefills_enter_the_fit_as_per_sequence_shares():
     assert mon.prefill_samples(Role.ROLLOUT) == [(60.0, 0.01)] * 4
     m = mon.fit(Role.ROLLOUT)
     assert m is not None and m.prefill_time(60) == pytest.approx(0.01, rel=1e-6)
+
+
+def test_state_throughput_ages_out_of_the_window():
+    """A role that stopped producing reads 0 tokens/s once a whole window passed (it kept its last
+    value before: the window was aged only when new tokens arrived)."""
+    from pivotrl.core.types import Role
+    from pivotrl.runtime.monitor import Monitor
+
+    m = Monitor(window_s=10.0)
+    m.ingest(Role.ROLLOUT, 0, None, 500, now=100.0)
+    m.ingest(Role.ROLLOUT, 0, None, 500, now=105.0)
+    assert m.state(Role.ROLLOUT, now=106.0).throughput_tokens_per_s == 1000 / 6.0
+    assert m.state(Role.ROLLOUT, now=112.0).throughput_tokens_per_s == 500 / 7.0  # the first fell out
+    assert m.state(Role.ROLLOUT, now=200.0).throughput_tokens_per_s == 0.0
