@@ -286,7 +286,7 @@ def test_offload_reload_round_trips_exactly(model_path):
     with Trainer(_cfg(), model_path) as tr:
         tr.step(_batch(1))
         w = tr.worker
-        before = [t.clone() for t in w._offloadable()]
+        before = [t.clone() for _, t in w.offloadable()]
         assert len(w.optimizer.state) > 0 and tr.device_bytes()["optimizer"] > 0
         info = tr.offload()
         assert info["offloaded_bytes"] > 0
@@ -297,12 +297,18 @@ def test_offload_reload_round_trips_exactly(model_path):
         with pytest.raises(RuntimeError, match="reload"):
             tr.step(_batch(2, version=1))
         tr.reload()
-        after = w._offloadable()
+        after = [t for _, t in w.offloadable()]
         assert len(after) == len(before)
         for x, y in zip(before, after):
             assert torch.equal(x, y)
         m = tr.step(_batch(2, version=1))
         assert m["trained"] == 1.0 and m["version"] == 2
+        # The host buffers of the first offload are reused: no new host allocation the second time.
+        assert info["host_allocations"] > 0 and info["cache_emptied"] == 0.0  # CPU: no CUDA cache
+        again = tr.offload()
+        assert again["host_allocations"] == 0.0 and again["offloaded_bytes"] == info["offloaded_bytes"]
+        tr.reload()
+        assert tr.step(_batch(3, version=2))["version"] == 3
 
 
 def test_checkpoint_is_a_hugging_face_model_and_resume_repeats_the_next_step(model_path, tmp_path):
