@@ -1,0 +1,76 @@
+"""`PivotWorkerExtension`: the methods PivotRL adds to every vLLM worker (`worker_extension_cls`).
+
+vLLM resolves the class by its qualified name inside each worker process and mixes it into the
+worker, so these methods run next to the model (`self.model_runner`) and are called by name
+through `collective_rpc`; nothing is pickled but the arguments. Owns the two ways weights reach
+a running model:
+
+- `pivot_load_weights_from_file(paths)`: safetensors files (a state dict the engine process wrote
+  to `/dev/shm`, or a model folder's files);
+- `pivot_load_weights_from_gps(manifest, bucket_bytes)`: straight from a GPS node buffer, a
+  `/dev/shm` file this node's GPS keeps (`pivotrl.engines.weight_sync.GPSManifest`): the file is
+  mapped read-only and each tensor is a view of it, so the only host copy is the one into the
+  model's parameters (on CUDA, through one reused pinned bucket of `bucket_bytes` for fast
+  host-to-device copies). Returns the version it loaded.
+
+Both feed vLLM's in-place `reload_weights`, which knows vLLM's fused QKV and gate/up layouts and
+redoes any post-load weight processing (the CPU build repacks its linears).
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+__all__ = ["PivotWorkerExtension", "iter_manifest_tensors"]
+
+
+def iter_manifest_tensors(manifest: Any, bucket_bytes: int, device_type: str = "cpu") -> Iterator[tuple[str, Any]]:
+    """(name, tensor) for every entry of a GPS manifest: views of the mapped node buffer, or on
+    CUDA copies into a reused pinned bucket (a bucket is refilled only after the loader consumed
+    the previous one: the loader copies each yielded tensor before asking for the next)."""
+    import torch
+
+    buf = torch.from_file(manifest.path, shared=True, size=manifest.nbytes, dtype=torch.uint8)
+    pinned = None
+    if device_type == "cuda":
+        pinned = torch.empty(max(bucket_bytes, max((e.nbytes for e in manifest.entries), default=1)),
+                             dtype=torch.uint8, pin_memory=True)
+    for e in manifest.entries:
+        view = buf[e.offset:e.offset + e.nbytes].view(getattr(torch, e.dtype)).view(e.shape)
+        if pinned is None:
+            yield e.name, view
+        else:
+            staged = pinned[:e.nbytes].view(view.dtype).view(e.shape)
+            staged.copy_(view)
+            yield e.name, staged
+
+
+class PivotWorkerExtension:
+    """Mixed into vLLM's worker class (`worker_extension_cls`); methods run in each worker."""
+
+    def pivot_load_weights_from_file(self, paths: list[str]) -> int:
+        """Load safetensors files into the running model in place; return tensors loaded."""
+        from safetensors.torch import load_file
+
+        tensors: dict = {}
+        for p in paths:
+            tensors.update(load_file(p))
+        # reload_weights (not model.load_weights): platforms that repack weights after loading
+        # (the CPU build's oneDNN linears) must undo and redo that processing around the load.
+        self.model_runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
+        return len(tensors)
+
+    def pivot_load_weights_from_gps(self, manifest: Any, bucket_bytes: int) -> int:
+        """Load a GPS node buffer (see the module docstring) in place; return its version."""
+        import torch
+
+        dev = "cuda" if torch.cuda.is_available() and next(self.model_runner.model.parameters()).is_cuda else "cpu"
+        self.model_runner.reload_weights(weights_iterator=iter_manifest_tensors(manifest, bucket_bytes, dev),
+                                         is_checkpoint_format=True)
+        return int(manifest.version)
+
+    def pivot_weight_checksum(self) -> float:
+        """Sum of all parameters (a cheap fingerprint tests use to see weights change)."""
+        import torch
+
+        with torch.no_grad():
+            return float(sum(p.double().sum() for p in self.model_runner.model.parameters() if p.numel()))
