@@ -268,6 +268,13 @@ class CPUEngine:
             self.version = int(version)
             self._restart_interval()  # the load is not decode time (the runtime times it)
 
+    def load_weights_from_gps(self, manifest: object, version: int) -> None:
+        """Load a leased GPS `FileManifest` (its node buffer mapped, tensors read as views): one
+        copy, from the GPS pages into the parameters."""
+        from pivotrl.engines.weight_sync import iter_manifest_tensors
+
+        self.load_weights(dict(iter_manifest_tensors(manifest.to_wire(), 0)), version)
+
     def release_memory(self, level: int = 2) -> None:
         """Drop the KV cache; level 2 also drops the model (re-read from the folder on
         reacquire), level 1 keeps it (on CPU host memory *is* the device: a frozen model then

@@ -383,6 +383,22 @@ class VLLMEngine:
             raise self._fail(EngineLoadError, "load", e) from e
         self.version = int(version)
 
+    def load_weights_from_gps(self, manifest: Any, version: int) -> None:
+        """Load a GPS node buffer (`FileManifest`, leased by the caller) in place: the workers
+        map its file and read the tensors as views (`vllm_worker.py`), in buckets of
+        `EngineConfig.vllm_weight_bucket_mb` on CUDA. Failure: as `load_weights`."""
+        self._check_live()
+        try:
+            self._rpc_gps(manifest)
+            self._reset_prefix_cache()
+        except Exception as e:  # noqa: BLE001 - typed for the runtime, engine made unusable
+            raise self._fail(EngineLoadError, "load", e) from e
+        self.version = int(version)
+
+    def _rpc_gps(self, manifest: Any) -> None:
+        self._run(self._llm.collective_rpc("pivot_load_weights_from_gps",
+                                           args=(manifest.to_wire(), self.cfg.vllm_weight_bucket_mb << 20)))
+
     def weight_checksum(self) -> float:
         """Sum of the worker's parameters (through the worker extension)."""
         return self._run(self._llm.collective_rpc("pivot_weight_checksum"))[0]
@@ -409,7 +425,8 @@ class VLLMEngine:
     def reacquire_memory(self, state_dict: Mapping[str, object] | None = None,
                          version: int | None = None) -> dict[str, float]:
         """Wake weights, load, wake the KV cache (module docstring); seconds of each phase (also
-        kept in `last_wake`). Raises `EngineWakeError` (engine shut down) if any phase fails."""
+        kept in `last_wake`). `state_dict` may also be a leased GPS `FileManifest` (the workers
+        then map the node buffer). Raises `EngineWakeError` (engine shut down) if any phase fails."""
         with self._lock:
             if self._failed is not None:
                 raise EngineWakeError(f"engine {self.name} failed earlier ({self._failed}); rebuild it",
@@ -427,7 +444,10 @@ class VLLMEngine:
                     if state_dict is not None:
                         phase = "load_weights"
                         t = time.perf_counter()
-                        self._load_state_dict(state_dict)
+                        if hasattr(state_dict, "to_wire"):
+                            self._rpc_gps(state_dict)
+                        else:
+                            self._load_state_dict(state_dict)
                         times["load_s"] = time.perf_counter() - t
                 else:
                     phase = "wake_weights"
@@ -435,7 +455,9 @@ class VLLMEngine:
                     times["wake_weights_s"] = time.perf_counter() - t
                     phase = "load_weights"
                     t = time.perf_counter()
-                    if state_dict is not None:
+                    if hasattr(state_dict, "to_wire"):  # a GPS FileManifest: the workers map it
+                        self._rpc_gps(state_dict)
+                    elif state_dict is not None:
                         self._load_state_dict(state_dict)
                     elif self._sleep_level == 2:  # the weights were discarded: the folder's, again
                         self._rpc_load_files(sorted(str(p) for p in self.model_path.glob("*.safetensors")))

@@ -7,8 +7,8 @@ a running model:
 
 - `pivot_load_weights_from_file(paths)`: safetensors files (a state dict the engine process wrote
   to `/dev/shm`, or a model folder's files);
-- `pivot_load_weights_from_gps(manifest, bucket_bytes)`: straight from a GPS node buffer, a
-  `/dev/shm` file this node's GPS keeps (`pivotrl.engines.weight_sync.GPSManifest`): the file is
+- `pivot_load_weights_from_gps(wire, bucket_bytes)`: straight from a GPS node buffer, a
+  `/dev/shm` file this node's GPS keeps (`pivotrl.gps.store.FileManifest.to_wire()`): the file is
   mapped read-only and each tensor is a view of it, so the only host copy is the one into the
   model's parameters (on CUDA, through one reused pinned bucket of `bucket_bytes` for fast
   host-to-device copies). Returns the version it loaded.
@@ -20,28 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-__all__ = ["PivotWorkerExtension", "iter_manifest_tensors"]
-
-
-def iter_manifest_tensors(manifest: Any, bucket_bytes: int, device_type: str = "cpu") -> Iterator[tuple[str, Any]]:
-    """(name, tensor) for every entry of a GPS manifest: views of the mapped node buffer, or on
-    CUDA copies into a reused pinned bucket (a bucket is refilled only after the loader consumed
-    the previous one: the loader copies each yielded tensor before asking for the next)."""
-    import torch
-
-    buf = torch.from_file(manifest.path, shared=True, size=manifest.nbytes, dtype=torch.uint8)
-    pinned = None
-    if device_type == "cuda":
-        pinned = torch.empty(max(bucket_bytes, max((e.nbytes for e in manifest.entries), default=1)),
-                             dtype=torch.uint8, pin_memory=True)
-    for e in manifest.entries:
-        view = buf[e.offset:e.offset + e.nbytes].view(getattr(torch, e.dtype)).view(e.shape)
-        if pinned is None:
-            yield e.name, view
-        else:
-            staged = pinned[:e.nbytes].view(view.dtype).view(e.shape)
-            staged.copy_(view)
-            yield e.name, staged
+__all__ = ["PivotWorkerExtension"]
 
 
 class PivotWorkerExtension:
@@ -59,14 +38,14 @@ class PivotWorkerExtension:
         self.model_runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
         return len(tensors)
 
-    def pivot_load_weights_from_gps(self, manifest: Any, bucket_bytes: int) -> int:
+    def pivot_load_weights_from_gps(self, wire: dict, bucket_bytes: int) -> int:
         """Load a GPS node buffer (see the module docstring) in place; return its version."""
-        import torch
+        from pivotrl.engines.weight_sync import iter_manifest_tensors
 
-        dev = "cuda" if torch.cuda.is_available() and next(self.model_runner.model.parameters()).is_cuda else "cpu"
-        self.model_runner.reload_weights(weights_iterator=iter_manifest_tensors(manifest, bucket_bytes, dev),
+        dev = next(self.model_runner.model.parameters()).device.type
+        self.model_runner.reload_weights(weights_iterator=iter_manifest_tensors(wire, bucket_bytes, dev),
                                          is_checkpoint_format=True)
-        return int(manifest.version)
+        return int(wire["version"])
 
     def pivot_weight_checksum(self) -> float:
         """Sum of all parameters (a cheap fingerprint tests use to see weights change)."""
