@@ -132,6 +132,7 @@ class GlobalParameterStore:
         self._lock = threading.Lock()
         self._write_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._executor: ThreadPoolExecutor | None = None
+        self._row_views: dict[tuple[str, int], dict[int, torch.Tensor | None]] = {}
 
     def __getstate__(self) -> dict:  # ship to device actors: config, transport and table handles
         return {"config": self.config, "num_nodes": self.num_nodes, "links": self.links,
@@ -400,13 +401,16 @@ class GlobalParameterStore:
         want = torch_dtype(ts.dtype)
         if tensor.device.type != "cpu" and tensor.dtype != want:
             tensor = tensor.to(want)
+        views = self._row_views.setdefault((w.model, w.version), {})
         for node, ref in w.bufs.items():
             e = chunks[placement.chunk_of(node)].entries[name]
             a, b = max(row_start, e.rows[0]), min(row_start + n, e.rows[1])
             if a >= b:
                 continue
             src = tensor[a - row_start:b - row_start]
-            view = self.transport.local_view(ref)
+            if node not in views:  # map each node buffer once per write, not once per tensor
+                views[node] = self.transport.local_view(ref)
+            view = views[node]
             if view is not None:
                 chunk_view(view, e.offset, e.shape, ts.dtype)[a - e.rows[0]:b - e.rows[0]].copy_(src)
             else:
@@ -426,6 +430,7 @@ class GlobalParameterStore:
             self.abort_row_write(w)
             raise ShardMismatchError(f"row write to {w.model!r} incomplete: {bad[:5]}{'...' if len(bad) > 5 else ''}"
                                      f"{f', unknown tensors {extra[:5]}' if extra else ''}")
+        self._row_views.pop((w.model, w.version), None)
         try:
             dead = self.table.commit(w.model, w.version, w.bufs)
         except BaseException:
@@ -437,6 +442,7 @@ class GlobalParameterStore:
 
     def abort_row_write(self, w: "RowWrite") -> None:
         """Drop `w`'s version and its buffers; the current version stays as it was."""
+        self._row_views.pop((w.model, w.version), None)
         try:
             self.table.abort(w.model, w.version)
             self._free(list(w.bufs.values()))
