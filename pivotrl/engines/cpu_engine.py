@@ -305,9 +305,13 @@ class CPUEngine:
                 self.version = self.initial_version
                 times["read_folder_s"] = time.perf_counter() - t
             self._released = False
-            if state_dict is not None:
+            if state_dict is not None:  # a state dict, or a leased GPS FileManifest
                 t = time.perf_counter()
-                self.load_weights(state_dict, self.initial_version if version is None else version)
+                v = self.initial_version if version is None else version
+                if hasattr(state_dict, "to_wire"):
+                    self.load_weights_from_gps(state_dict, v)
+                else:
+                    self.load_weights(state_dict, v)
                 times["load_s"] = time.perf_counter() - t
             return times
 
