@@ -63,8 +63,12 @@ def _train_once(tr):
     return tr.step(_batch(2))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_publish_shards_equals_the_full_state_dict(folder, dtype):
+@pytest.mark.parametrize("dtype,tied", [("float32", False), ("bfloat16", False), ("float32", True)])
+def test_publish_shards_equals_the_full_state_dict(folder, tmp_path, dtype, tied):
+    import dataclasses
+
+    if tied:  # GPS keeps a tied head once (as the embedding); the trainer's lm_head is skipped
+        folder = create_tiny_model(tmp_path / "tied", dataclasses.replace(TINY, tie_word_embeddings=True), seed=5)
     store = GlobalParameterStore(GPSConfig())
     try:
         store.register("policy", spec=_spec(folder, dtype))
@@ -73,6 +77,8 @@ def test_publish_shards_equals_the_full_state_dict(folder, dtype):
             v = publish_shards(tr.worker, store, "policy")
             full = tr.worker.full_state_dict(dtype)
         got = store.read("policy", [Device(0, 0)], Layout()).shards[Device(0, 0)]
+        if tied:
+            full.pop("lm_head.weight", None)
         assert v == 0 and set(got) == set(full)
         for k in got:
             assert torch.equal(got[k], full[k]), k
@@ -103,3 +109,54 @@ def test_engines_load_their_nodes_gps_file_or_fall_back_to_a_read(folder, ray_st
         assert ev2["path"] == "read" and all(torch.equal(eng2.model.state_dict()[k], full[k]) for k in full)
     finally:
         local.close()
+
+
+def _rank_publish(rank: int, world: int, init: str, address: str, store_blob: bytes, folder: str, out: str) -> None:
+    """One trainer rank in its own process: join Ray and the gloo group, build the FSDP2 worker,
+    write its shards into the shared GPS (no gather), report the version."""
+    import ray
+    import torch.distributed as dist
+
+    from pivotrl.engines.trainer_worker import TrainerWorker, init_process_group
+
+    torch.set_num_threads(1)
+    ray.init(address=address, logging_level="ERROR")
+    store = ray.cloudpickle.loads(store_blob)
+    init_process_group(rank, world, init, "gloo", 120.0)
+    try:
+        worker = TrainerWorker(TrainerConfig(device="cpu", world_size=world), folder)
+        v = publish_shards(worker, store, "policy")
+        full = worker.full_state_dict("float32")  # collective; rank 0 gets it
+        if rank == 0:
+            torch.save({"version": v, "full": full}, out)
+    finally:
+        dist.destroy_process_group()
+        ray.shutdown()
+
+
+def test_two_ranks_publish_their_own_rows_into_a_shared_gps(folder, ray_store, tmp_path):
+    """Two spawned FSDP2 ranks (gloo), each holding the Ray GPS handle, write only their own dim-0
+    rows; the committed version equals the gathered state dict, tensor for tensor."""
+    import ray
+    import torch.multiprocessing as mp
+
+    if "policy" not in ray_store.models():
+        ray_store.register("policy", spec=_spec(folder, "float32"))
+    before = ray_store.current_version("policy")
+    blob = ray.cloudpickle.dumps(ray_store)
+    address = ray.get_runtime_context().gcs_address
+    ctx = mp.get_context("spawn")
+    out = str(tmp_path / "rank0.pt")
+    procs = [ctx.Process(target=_rank_publish, args=(r, 2, f"file://{tmp_path}/pg", address, blob, str(folder), out))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    res = torch.load(out)
+    assert res["version"] == before + 1 == ray_store.current_version("policy")
+    got = ray_store.read("policy", [Device(0, 0)], Layout()).shards[Device(0, 0)]
+    assert set(got) == set(res["full"])
+    for k in got:
+        assert torch.equal(got[k], res["full"][k]), k
