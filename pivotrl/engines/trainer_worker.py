@@ -11,15 +11,16 @@ the same, one rank per actor.
 
 Batch semantics are documented on `pivotrl.engines.trainer.TrainBatch`; the step's arithmetic
 lives in `pivotrl.rl.advantages` and `pivotrl.rl.losses`. CPU and GPU differ only in `device` and
-the collective backend (gloo or NCCL). Checkpoints need a folder every rank can see.
+the collective backend (gloo or NCCL). Checkpoints (`trainer_checkpoint.py`) need a folder every
+rank can see. The memory-sane parts live beside it: `model_init.py` (meta-device init, rank-0
+load), `logprobs.py` (chunked log-probs), `batching.py` (token micro-batches), `offload.py`
+(reused host buffers, allocator flush); `weight_sync.publish_shards` writes a rank's shards to GPS.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
-import shutil
 import time
 import warnings
 from pathlib import Path
@@ -28,15 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from pivotrl.config.trainer import TrainerConfig
+from pivotrl.engines import trainer_checkpoint
 from pivotrl.engines.batching import plan_micro_batches
 from pivotrl.engines.logprobs import HiddenStateHead, chunked_log_probs, response_rows
 from pivotrl.engines.model_init import build_sharded_model
@@ -45,11 +41,6 @@ from pivotrl.engines.offload import HostStash, release_cached_device_memory
 from pivotrl.engines.trainer import TrainBatch, init_process_group, resolve_device  # noqa: F401
 from pivotrl.rl.advantages import compute_advantages
 from pivotrl.rl.losses import policy_loss
-
-# Files of a model folder that are weights; everything else (config, tokenizer, generation config)
-# is copied into the Hugging Face part of a checkpoint unchanged.
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".safetensors.index.json", ".bin.index.json")
-
 
 def _storage_bytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
@@ -505,76 +496,13 @@ class TrainerWorker:
 
     # -------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> None:
-        """Write a checkpoint into the (empty or new) folder `path`:
-
-        - `hf/`: the policy as a Hugging Face folder (weights + the source folder's config and
-          tokenizer files), loadable by `AutoModelForCausalLM.from_pretrained`;
-        - `dcp/`: sharded model + optimizer state (torch.distributed.checkpoint; reshardable, so a
-          run may resume on a different world size);
-        - `rng/rank_<r>.pt`: each rank's torch/numpy/python RNG states;
-        - `trainer_state.json`: version and counters; `extra.json`: the caller's state (e.g. the
-          data cursor)."""
+        """Write a checkpoint into the (empty or new) folder `path` (`trainer_checkpoint.save`
+        says what goes where). Collective."""
         self._require_loaded("save_checkpoint")
-        path = Path(path)
-        if self.rank == 0:
-            path.mkdir(parents=True, exist_ok=True)
-        dist.barrier()
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "dcp"))
-        full = self.full_state_dict("float32")
-        (path / "rng").mkdir(exist_ok=True)
-        rng = {
-            "torch": torch.get_rng_state(),
-            "numpy": np.random.get_state(),
-            "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
-        }
-        torch.save(rng, path / "rng" / f"rank_{self.rank}.pt")
-        if self.rank == 0:
-            self._save_hf(path / "hf", full)
-            (path / "trainer_state.json").write_text(json.dumps(self.state(), indent=2))
-            (path / "extra.json").write_text(json.dumps(extra or {}, indent=2))
-        dist.barrier()
-
-    def _save_hf(self, out: Path, full: dict[str, torch.Tensor]) -> None:
-        from transformers import AutoModelForCausalLM
-
-        out.mkdir(parents=True, exist_ok=True)
-        for f in self.model_path.iterdir():
-            if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES):
-                shutil.copy2(f, out / f.name)
-        # A meta-device skeleton takes the gathered tensors by assignment: no second random init,
-        # and save_pretrained handles tied weights and large-file sharding the HF way.
-        with torch.device("meta"):
-            skeleton = AutoModelForCausalLM.from_config(self.hf_config, dtype=torch.float32)
-        skeleton.load_state_dict(full, assign=True, strict=True)
-        skeleton.tie_weights()
-        skeleton.save_pretrained(str(out), safe_serialization=True)
+        trainer_checkpoint.save(self, Path(path), extra)
 
     def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
-        """Restore model, optimizer, version, counters and RNG from `path`; return its extra state.
-        RNG is restored only when the checkpoint was written by the same world size (per-rank
-        streams do not map onto a different rank count). The KL reference is not in checkpoints:
-        it is always the initial policy at `model_path`, so resume with the same `model_path`."""
+        """Restore model, optimizer, version, counters and RNG from `path`; return its extra state
+        (`trainer_checkpoint.load`). Collective."""
         self._require_loaded("load_checkpoint")
-        path = Path(path)
-        if not (path / "trainer_state.json").is_file():
-            raise ValueError(f"checkpoint {str(path)!r} has no trainer_state.json (not a trainer checkpoint)")
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(path / "dcp"))
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        self.optimizer.zero_grad(set_to_none=True)
-        meta = json.loads((path / "trainer_state.json").read_text())
-        self.version = int(meta["version"])
-        self.counters = {k: int(v) for k, v in meta["counters"].items()}
-        rng_file = path / "rng" / f"rank_{self.rank}.pt"
-        if int(meta["world_size"]) == self.world_size and rng_file.is_file():
-            rng = torch.load(rng_file, weights_only=False)
-            torch.set_rng_state(rng["torch"])
-            np.random.set_state(rng["numpy"])
-            random.setstate(rng["python"])
-            if rng.get("cuda") is not None and self.device.type == "cuda":
-                torch.cuda.set_rng_state(rng["cuda"], self.device)
-        dist.barrier()
-        return json.loads((path / "extra.json").read_text()) if (path / "extra.json").is_file() else {}
+        return trainer_checkpoint.load(self, Path(path))

@@ -18,8 +18,6 @@ redoes any post-load weight processing (the CPU build repacks its linears).
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
-
 __all__ = ["PivotWorkerExtension"]
 
 
