@@ -390,6 +390,7 @@ class TrainerWorker:
         other ranks get None). Useful as `old_log_probs` or to check a rollout engine."""
         self._require_loaded("compute_log_probs")
         out = self._all_log_probs(batch)
+        self.model.reshard()  # FSDP2 keeps the root gathered after a no-grad forward; free it
         return out if self.rank == 0 else None
 
     # -------------------------------------------------------------------- publish / state
