@@ -50,7 +50,6 @@ import itertools
 import os
 import queue
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -62,6 +61,7 @@ from pivotrl.engines.cpu_engine import eos_ids_of, load_hf_tokenizer
 from pivotrl.engines.errors import EngineFailedError, EngineLoadError, EngineWakeError
 from pivotrl.engines.vllm_stats import StatState, make_stat_logger
 from pivotrl.engines.vllm_worker import PivotWorkerExtension  # noqa: F401 - resolved by name in the workers
+from pivotrl.engines.vllm_worker import write_weights_file
 from pivotrl.engines.protocol import (FINISH_LENGTH, FINISH_STOP, Completion, EngineStats,
                                       GenerationRequest, TokensSoFar, run_to_completion)
 
@@ -345,23 +345,9 @@ class VLLMEngine:
         self._run(self._llm.collective_rpc("pivot_load_weights_from_file", args=(paths,)))
 
     def _load_state_dict(self, state_dict: Mapping[str, object]) -> None:
-        """Hand `state_dict` to the workers (a `/dev/shm` safetensors file, see the module docstring)."""
-        import torch
-        from safetensors.torch import save_file
-
-        tensors, seen = {}, set()
-        for k, v in state_dict.items():
-            t = torch.as_tensor(v).detach().cpu().contiguous()
-            # Tied weights (embed_tokens / lm_head) share storage; safetensors refuses shared tensors.
-            if t.untyped_storage().data_ptr() in seen:
-                t = t.clone()
-            seen.add(t.untyped_storage().data_ptr())
-            tensors[k] = t
-        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        fd, path = tempfile.mkstemp(prefix="pivotrl-weights-", suffix=".safetensors", dir=shm)
-        os.close(fd)
+        """Hand `state_dict` to the workers as a `/dev/shm` safetensors file (module docstring)."""
+        path = write_weights_file(state_dict)
         try:
-            save_file(tensors, path)
             self._rpc_load_files([path])
         finally:
             os.unlink(path)

@@ -13,12 +13,41 @@ a running model:
   model's parameters (on CUDA, through one reused pinned bucket of `bucket_bytes` for fast
   host-to-device copies). Returns the version it loaded.
 
-Both feed vLLM's in-place `reload_weights`, which knows vLLM's fused QKV and gate/up layouts and
+`write_weights_file` is the engine-process half of the first. Both feed vLLM's in-place `reload_weights`, which knows vLLM's fused QKV and gate/up layouts and
 redoes any post-load weight processing (the CPU build repacks its linears).
 """
 from __future__ import annotations
 
-__all__ = ["PivotWorkerExtension"]
+import os
+import tempfile
+from typing import Mapping
+
+__all__ = ["PivotWorkerExtension", "write_weights_file"]
+
+
+def write_weights_file(state_dict: Mapping[str, object]) -> str:
+    """Write `state_dict` to a safetensors file in `/dev/shm` (RAM) for
+    `pivot_load_weights_from_file`; the caller unlinks it after the load."""
+    import torch
+    from safetensors.torch import save_file
+
+    tensors, seen = {}, set()
+    for k, v in state_dict.items():
+        t = torch.as_tensor(v).detach().cpu().contiguous()
+        # Tied weights (embed_tokens / lm_head) share storage; safetensors refuses shared tensors.
+        if t.untyped_storage().data_ptr() in seen:
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        tensors[k] = t
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    fd, path = tempfile.mkstemp(prefix="pivotrl-weights-", suffix=".safetensors", dir=shm)
+    os.close(fd)
+    try:
+        save_file(tensors, path)
+    except BaseException:
+        os.unlink(path)
+        raise
+    return path
 
 
 class PivotWorkerExtension:

@@ -31,6 +31,7 @@ import torch
 
 from pivotrl.config.gps import GPSConfig
 from pivotrl.gps.errors import ShardMismatchError
+from pivotrl.gps.handles import FileManifest, RowWrite
 from pivotrl.gps.layout import Layout, ModelSpec, validate_layout
 from pivotrl.gps.placement import ChunkLayout, Placement
 from pivotrl.gps.planner import Device, LinkProfile, Plan, plan_read, plan_write
@@ -68,44 +69,6 @@ class ReadResult:
 
     def __iter__(self):  # `version, shards = store.read(...)`
         return iter((self.version, self.shards))
-
-
-@dataclass(frozen=True)
-class RowWrite:
-    """An open row write: the model, its new version and the node buffers (picklable: the
-    writer ranks receive it from the process that began it)."""
-
-    model: str
-    version: int
-    bufs: dict[int, BufferRef]
-
-
-@dataclass
-class FileManifest:
-    """A leased version's node buffer as a file (`GlobalParameterStore.file_manifest`). `entries`:
-    (name, byte offset, shape, dtype name) per stored tensor. `to_wire()` is the plain-data form
-    vLLM's `collective_rpc` carries to its workers."""
-
-    model: str
-    version: int
-    path: str
-    nbytes: int
-    entries: tuple[tuple[str, int, tuple[int, ...], str], ...]
-    _finalizer: Any = field(default=None, repr=False)
-
-    def release(self) -> None:
-        if self._finalizer is not None:
-            self._finalizer()
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"model": self.model, "version": self.version, "path": self.path, "nbytes": self.nbytes,
-                "entries": [[n, o, list(sh), d] for n, o, sh, d in self.entries]}
-
-    def __enter__(self) -> "FileManifest":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.release()
 
 
 class GlobalParameterStore:
@@ -361,7 +324,7 @@ class GlobalParameterStore:
         return v
 
     # -- row writes (many writers, no gather) ---------------------------------------------------
-    def begin_row_write(self, model: str) -> "RowWrite":
+    def begin_row_write(self, model: str) -> RowWrite:
         """Open a new, invisible version of `model` for `write_rows` from any process that holds
         this store (pickled); finish with `commit_row_write` or `abort_row_write` here."""
         spec, placement, frozen, chunks = self._model(model)
@@ -385,7 +348,7 @@ class GlobalParameterStore:
             raise
         return RowWrite(model, v, bufs)
 
-    def write_rows(self, w: "RowWrite", name: str, row_start: int, tensor: torch.Tensor) -> int:
+    def write_rows(self, w: RowWrite, name: str, row_start: int, tensor: torch.Tensor) -> int:
         """Copy `tensor` as rows `[row_start, row_start + len(tensor))` of stored tensor `name`
         into every node buffer holding any of them (casting to the stored dtype in the copy; a
         device tensor is cast on its device first, halving the bytes that cross PCIe). Returns
@@ -419,7 +382,7 @@ class GlobalParameterStore:
                                             [src.to(device="cpu", dtype=want).contiguous()])
         return n
 
-    def commit_row_write(self, w: "RowWrite", rows_written: Mapping[str, int]) -> int:
+    def commit_row_write(self, w: RowWrite, rows_written: Mapping[str, int]) -> int:
         """Publish `w`'s version if `rows_written` (rows per tensor, summed over every writer)
         covers every stored tensor exactly; else abort it and raise ShardMismatchError."""
         spec = self._model(w.model)[0]
@@ -440,7 +403,7 @@ class GlobalParameterStore:
         self._free(dead)
         return w.version
 
-    def abort_row_write(self, w: "RowWrite") -> None:
+    def abort_row_write(self, w: RowWrite) -> None:
         """Drop `w`'s version and its buffers; the current version stays as it was."""
         self._row_views.pop((w.model, w.version), None)
         try:
@@ -452,7 +415,7 @@ class GlobalParameterStore:
                 lock.release()
 
     # -- file manifests (readers in other processes of a node) -----------------------------------
-    def file_manifest(self, model: str, node: int, version: int | None = None) -> "FileManifest | None":
+    def file_manifest(self, model: str, node: int, version: int | None = None) -> FileManifest | None:
         """Lease one version (default: current) and describe node `node`'s buffer of it as a
         file: every stored tensor's byte offset, shape and dtype. None (nothing leased) when that
         buffer is not a whole copy (a sharded placement) or not a file another process can open
