@@ -13,8 +13,9 @@ Owns the two public halves and the tensor iterator they share:
   per node buffer (a device-to-host copy on GPU). Returns the new GPS version on every rank.
 - `load_from_gps(engine, store, model, node, version)`: lease the version, get the node buffer's
   file manifest (`GlobalParameterStore.file_manifest`) and let the engine load it
-  (`load_weights_from_gps`: vLLM's workers map the file and read tensors as views, through a
-  reused pinned bucket on CUDA; the CPU engine copies from the views). Where the buffer is no
+  (`load_weights_from_gps`: vLLM's workers map the file and read tensors as views, on CUDA
+  through a reused pinned bucket and one host-to-device copy per bucket; the CPU engine copies
+  from the views). Where the buffer is no
   file (the single-process `shm` transport) or not a whole copy, it falls back to a GPS read into
   fresh tensors and `load_weights`. Returns the timing as a measured event (seconds, bytes, GB/s,
   which path), never a timeout: a slow load is recorded, not fatal.
@@ -101,25 +102,51 @@ def publish_shards(worker: Any, store: Any, model: str) -> int:
     return int(result[0])
 
 
-def iter_manifest_tensors(wire: Mapping[str, Any], bucket_bytes: int,
-                          device_type: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every entry of a manifest's plain-data form: views of the mapped node
-    buffer, or on CUDA copies into one reused pinned bucket (a loader copies each tensor to the
-    device before it asks for the next, so the bucket is free again by then)."""
-    buf = torch.from_file(wire["path"], shared=True, size=int(wire["nbytes"]), dtype=torch.uint8)
-    pinned = None
-    for name, offset, shape, dtype in wire["entries"]:
+def _buckets(entries: list, bucket_bytes: int) -> Iterator[list[tuple[str, int, tuple[int, ...], torch.dtype, int]]]:
+    """Consecutive entries grouped into runs of at most `bucket_bytes` (a larger tensor alone)."""
+    cur, size = [], 0
+    for name, offset, shape, dtype in entries:
         dt = getattr(torch, dtype)
         n = dt.itemsize * math.prod(shape)
-        view = buf[offset:offset + n].view(dt).view(tuple(shape))
-        if device_type != "cuda":
-            yield name, view
-            continue
-        if pinned is None or pinned.numel() < n:
-            pinned = torch.empty(max(bucket_bytes, n), dtype=torch.uint8, pin_memory=True)
-        staged = pinned[:n].view(dt).view(tuple(shape))
-        staged.copy_(view)
-        yield name, staged
+        if cur and size + n > bucket_bytes:
+            yield cur
+            cur, size = [], 0
+        cur.append((name, offset, tuple(shape), dt, n))
+        size += n
+    if cur:
+        yield cur
+
+
+def iter_manifest_tensors(wire: Mapping[str, Any], bucket_bytes: int,
+                          device_type: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every entry of a manifest's plain-data form.
+
+    CPU: views of the mapped node buffer (no copy here; the loader's copy is the only one).
+    CUDA: bucket by bucket (`bucket_bytes`), the bucket's tensors are packed into one reused
+    pinned host buffer, sent to the device in one copy, and yielded as views of that device
+    bucket. Each device bucket is fresh, so a loader that keeps references to earlier tensors
+    (to process a layer once all of its weights arrived) still sees the right bytes; the pinned
+    buffer is reused only after the previous copy finished."""
+    buf = torch.from_file(wire["path"], shared=True, size=int(wire["nbytes"]), dtype=torch.uint8)
+    if device_type != "cuda":
+        for name, offset, shape, dt, n in (e for bk in _buckets(wire["entries"], 1 << 62) for e in bk):
+            yield name, buf[offset:offset + n].view(dt).view(shape)
+        return
+    pinned: torch.Tensor | None = None
+    for bucket in _buckets(wire["entries"], max(1, bucket_bytes)):
+        total = sum(e[4] for e in bucket)
+        if pinned is None or pinned.numel() < total:
+            pinned = torch.empty(max(bucket_bytes, total), dtype=torch.uint8, pin_memory=True)
+        pos = 0
+        for _, offset, _, _, n in bucket:
+            pinned[pos:pos + n].copy_(buf[offset:offset + n])
+            pos += n
+        dev = pinned[:total].to("cuda", non_blocking=True)
+        torch.cuda.current_stream().synchronize()  # the pinned buffer is free again
+        pos = 0
+        for name, _, shape, dt, n in bucket:
+            yield name, dev[pos:pos + n].view(dt).view(shape)
+            pos += n
 
 
 def load_from_gps(engine: Any, store: Any, model: str, node: int, version: int | None = None,

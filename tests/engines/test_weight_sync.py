@@ -160,3 +160,19 @@ def test_two_ranks_publish_their_own_rows_into_a_shared_gps(folder, ray_store, t
     assert set(got) == set(res["full"])
     for k in got:
         assert torch.equal(got[k], res["full"][k]), k
+
+
+def test_manifest_tensors_are_views_of_the_file_and_buckets_respect_the_size(tmp_path):
+    from pivotrl.engines.weight_sync import _buckets, iter_manifest_tensors
+
+    a = torch.arange(12, dtype=torch.float32).view(3, 4)
+    b = torch.arange(6, dtype=torch.bfloat16)
+    raw = bytes(a.view(torch.uint8).flatten().tolist()) + bytes(16) + bytes(b.view(torch.uint8).tolist())
+    path = tmp_path / "buf"
+    path.write_bytes(raw)
+    wire = {"path": str(path), "nbytes": len(raw), "version": 1,
+            "entries": [["a", 0, [3, 4], "float32"], ["b", 64, [6], "bfloat16"]]}
+    got = dict(iter_manifest_tensors(wire, 0))
+    assert torch.equal(got["a"], a) and torch.equal(got["b"], b) and got["b"].dtype == torch.bfloat16
+    assert [[e[0] for e in bk] for bk in _buckets(wire["entries"], 50)] == [["a"], ["b"]]
+    assert [[e[0] for e in bk] for bk in _buckets(wire["entries"], 100)] == [["a", "b"]]
