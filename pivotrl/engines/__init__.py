@@ -4,8 +4,17 @@ File map:
   protocol.py     SamplingParams, requests/completions/stats, the InferenceEngine Protocol
   cpu_engine.py   continuous batching over a transformers model with a KV cache (fallback, tests)
   vllm_engine.py  vLLM AsyncLLM in a background loop thread; weights via a worker extension
+  vllm_worker.py  the worker extension vLLM mixes into its workers (weight loads by file / GPS file)
+  vllm_stats.py   vLLM stat logger -> iteration and prefill samples
+  errors.py       EngineFailedError / EngineWakeError / EngineLoadError (failed wake or load)
   registry.py     engines by name (`cpu`, `vllm`, `auto`) and create_engine()
-  trainer*.py     the FSDP2 GRPO trainer (separate owner)
+  trainer*.py     the FSDP2 GRPO trainer: driver and rank
+  model_init.py   building the sharded policy (meta-device init, rank-0 broadcast load)
+  logprobs.py     chunked log-probs / entropy (no [B, L, V] float32 logits)
+  batching.py     micro-batches by count or by padded tokens (dynamic batch size)
+  offload.py      reused (pinned) host buffers for offload; CUDA allocator flush
+  memory.py       peak training memory per rank by arithmetic; check_fits (pure Python)
+  weight_sync.py  publish_shards (ranks -> GPS rows) and load_from_gps (node GPS file -> engine)
 
 Importing this package imports neither torch nor vLLM; the engine modules do.
 """

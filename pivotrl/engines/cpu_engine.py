@@ -257,38 +257,63 @@ class CPUEngine:
             if unknown:
                 raise ValueError(f"load_weights: {len(unknown)} unknown parameter names, e.g. {unknown[:3]}; "
                                  f"expected names like {list(own)[:3]}")
+            # Every shape is checked before any copy: a bad state dict never leaves the model half-loaded.
+            incoming = {k: torch.as_tensor(v) for k, v in state_dict.items()}
+            for k, t in incoming.items():
+                if tuple(t.shape) != tuple(own[k].shape):
+                    raise ValueError(f"load_weights: {k} has shape {tuple(t.shape)}, expected {tuple(own[k].shape)}")
             with torch.no_grad():
-                for k, v in state_dict.items():
-                    t = torch.as_tensor(v)
-                    if tuple(t.shape) != tuple(own[k].shape):
-                        raise ValueError(f"load_weights: {k} has shape {tuple(t.shape)}, "
-                                         f"expected {tuple(own[k].shape)}")
+                for k, t in incoming.items():
                     own[k].copy_(t)  # state_dict tensors share storage with the parameters
             self.version = int(version)
             self._restart_interval()  # the load is not decode time (the runtime times it)
 
-    def release_memory(self) -> None:
+    def load_weights_from_gps(self, manifest: object, version: int) -> None:
+        """Load a leased GPS `FileManifest` (its node buffer mapped, tensors read as views): one
+        copy, from the GPS pages into the parameters."""
+        from pivotrl.engines.weight_sync import iter_manifest_tensors
+
+        self.load_weights(dict(iter_manifest_tensors(manifest.to_wire(), 0)), version)
+
+    def release_memory(self, level: int = 2) -> None:
+        """Drop the KV cache; level 2 also drops the model (re-read from the folder on
+        reacquire), level 1 keeps it (on CPU host memory *is* the device: a frozen model then
+        comes back without a read, as vLLM's level-1 sleep keeps weights in host memory)."""
+        if level not in (1, 2):
+            raise ValueError(f"release_memory: level must be 1 or 2, got {level!r}")
         with self._lock:
             self._take_incoming()
             if self._live_ids():
                 raise RuntimeError(f"release_memory: engine {self.name} still has live sequences "
                                    f"{sorted(self._live_ids())[:8]}...; abort them first")
             self._batch = _Batch()
-            self.model = None
+            if level == 2:
+                self.model = None
             self._released = True
             self._restart_interval()
             gc.collect()
 
     def reacquire_memory(self, state_dict: Mapping[str, object] | None = None,
-                         version: int | None = None) -> None:
+                         version: int | None = None) -> dict[str, float]:
         with self._lock:
             if not self._released:
-                return
-            self.model = load_hf_model(self.model_path, self.cfg.dtype)
+                return {}
+            times: dict[str, float] = {}
+            t = time.perf_counter()
+            if self.model is None:  # level-2 release: the folder's weights, at the initial version
+                self.model = load_hf_model(self.model_path, self.cfg.dtype)
+                self.version = self.initial_version
+                times["read_folder_s"] = time.perf_counter() - t
             self._released = False
-            self.version = self.initial_version
-            if state_dict is not None:
-                self.load_weights(state_dict, self.initial_version if version is None else version)
+            if state_dict is not None:  # a state dict, or a leased GPS FileManifest
+                t = time.perf_counter()
+                v = self.initial_version if version is None else version
+                if hasattr(state_dict, "to_wire"):
+                    self.load_weights_from_gps(state_dict, v)
+                else:
+                    self.load_weights(state_dict, v)
+                times["load_s"] = time.perf_counter() - t
+            return times
 
     def shutdown(self) -> None:
         with self._lock:

@@ -272,14 +272,19 @@ class InferenceEngine(Protocol):
         """Load and timing samples; `drain` clears the samples so each is reported once."""
         ...
 
-    def release_memory(self) -> None:
-        """Free KV cache and weights for a role shift. Raises if sequences are live (abort first)."""
+    def release_memory(self, level: int = 2) -> None:
+        """Free device memory for a role shift. Raises if sequences are live (abort first).
+        `level` as vLLM's sleep: 1 keeps the weights in host memory (a frozen model: they come
+        back in place), 2 discards them (the policy: the next version comes from GPS)."""
         ...
 
     def reacquire_memory(self, state_dict: Mapping[str, object] | None = None,
-                         version: int | None = None) -> None:
-        """Undo `release_memory`. Weights come from `state_dict` (a GPS read, tagged `version`) or,
-        when None, from the engine's model folder (version back to the initial one)."""
+                         version: int | None = None) -> dict[str, float]:
+        """Undo `release_memory`; returns the seconds of each phase. Weights come from
+        `state_dict` (a GPS read, tagged `version`), else after a level-1 release the kept
+        weights (version unchanged), else the engine's model folder (version back to the
+        initial one). A failure raises `pivotrl.engines.errors.EngineWakeError` and leaves the
+        engine unusable, never serving half-loaded weights."""
         ...
 
     def shutdown(self) -> None:

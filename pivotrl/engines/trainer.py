@@ -30,7 +30,7 @@ API (every call blocks until all ranks finish it):
     .step(batch) -> dict            one update; metrics include loss, grad_norm, samples_trained,
                                     samples_rejected_stale, version, step_time_s
     .compute_log_probs(batch)       per-response-token log-probs under the current policy
-    .state_dict() -> dict           full policy, CPU float32 tensors, Hugging Face names
+    .state_dict() -> dict           full policy, CPU tensors in cfg.publish_dtype, Hugging Face names
     .save_checkpoint(path, extra) -> Path;  .load_checkpoint(path) -> extra dict
     .offload() / .reload() -> dict  move params, grads and optimizer state to host memory and back
     .device_bytes() -> dict         bytes rank 0 holds in params / grads / optimizer state
@@ -346,7 +346,7 @@ class Trainer:
         return self._call("compute_log_probs", batch)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Full unsharded policy weights on CPU, Hugging Face parameter names, at `self.version`."""
+        """Full unsharded policy weights on CPU in `cfg.publish_dtype`, Hugging Face names, at `self.version`."""
         return self._call("full_state_dict")
 
     def device_bytes(self) -> dict[str, int]:

@@ -11,42 +11,36 @@ the same, one rank per actor.
 
 Batch semantics are documented on `pivotrl.engines.trainer.TrainBatch`; the step's arithmetic
 lives in `pivotrl.rl.advantages` and `pivotrl.rl.losses`. CPU and GPU differ only in `device` and
-the collective backend (gloo or NCCL). Checkpoints need a folder every rank can see.
+the collective backend (gloo or NCCL). Checkpoints (`trainer_checkpoint.py`) need a folder every
+rank can see. The memory-sane parts live beside it: `model_init.py` (meta-device init, rank-0
+load), `logprobs.py` (chunked log-probs), `batching.py` (token micro-batches), `offload.py`
+(reused host buffers, allocator flush); `weight_sync.publish_shards` writes a rank's shards to GPS.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
-import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from pivotrl.config.trainer import TrainerConfig
+from pivotrl.engines import trainer_checkpoint
+from pivotrl.engines.batching import plan_micro_batches
+from pivotrl.engines.logprobs import HiddenStateHead, chunked_log_probs, response_rows
+from pivotrl.engines.model_init import build_sharded_model
+from pivotrl.engines.offload import HostStash, release_cached_device_memory
 # Re-exported: Ray actors import the batch type and the group launcher from here with the worker.
 from pivotrl.engines.trainer import TrainBatch, init_process_group, resolve_device  # noqa: F401
 from pivotrl.rl.advantages import compute_advantages
 from pivotrl.rl.losses import policy_loss
-
-# Files of a model folder that are weights; everything else (config, tokenizer, generation config)
-# is copied into the Hugging Face part of a checkpoint unchanged.
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".safetensors.index.json", ".bin.index.json")
-
 
 def _storage_bytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
@@ -92,32 +86,22 @@ class TrainerWorker:
         # The reference policy for the KL term: the initial weights, frozen, sharded the same way.
         self.ref_model = None
         if cfg.kl_coef > 0:
-            self.ref_model = self._load_sharded(AutoModelForCausalLM)
+            self.ref_model = self._load_sharded(AutoModelForCausalLM, trainable=False)
             self.ref_model.eval().requires_grad_(False)
 
         self.version = 0  # policy version the current parameters represent; +1 per update
         self.counters = {"steps": 0, "samples_trained": 0, "samples_rejected_stale": 0, "tokens_trained": 0}
-        self._offloaded: dict[int, tuple[torch.UntypedStorage, torch.Tensor]] | None = None
+        self._offloaded: list[tuple[torch.UntypedStorage, torch.Tensor]] | None = None
+        # Host copies for offload, allocated (pinned on CUDA) on the first offload and reused.
+        self._stash = HostStash(pin=self.device.type == "cuda")
 
     # ----------------------------------------------------------------------------------- setup
-    def _load_sharded(self, auto_cls: Any) -> torch.nn.Module:
-        model = auto_cls.from_pretrained(str(self.model_path), dtype=torch.float32).to(self.device)
-        mesh = init_device_mesh(self.device.type, (self.world_size,))
-        mp = (
-            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            if self.cfg.param_dtype == "bfloat16"
-            else MixedPrecisionPolicy()
-        )
-        # One FSDP unit per decoder layer (transformers names them in _no_split_modules), then the
-        # root for embeddings, final norm and the (possibly tied) LM head.
-        layer_classes = set(getattr(model, "_no_split_modules", None) or [])
-        layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
-        if not layers:
-            raise ValueError(f"cannot find decoder layers of {type(model).__name__} (_no_split_modules={layer_classes})")
-        for layer in layers:
-            fully_shard(layer, mesh=mesh, mp_policy=mp)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
-        return model
+    def _load_sharded(self, auto_cls: Any, trainable: bool = True) -> torch.nn.Module:
+        cfg = self.cfg
+        return build_sharded_model(
+            auto_cls, self.model_path, self.device, world_size=self.world_size, param_dtype=cfg.param_dtype,
+            init_on_meta=cfg.init_on_meta, gradient_checkpointing=cfg.gradient_checkpointing and trainable,
+            hidden_head=cfg.logprob_chunk_tokens > 0)
 
     @staticmethod
     def _seed_all(seed: int) -> None:
@@ -128,14 +112,10 @@ class TrainerWorker:
     # ------------------------------------------------------------------------------ forward
     def _micro_batches(self, indices: np.ndarray, lengths: np.ndarray | None = None) -> list[np.ndarray]:
         """This rank's share of `indices`, cut into the same number of micro-batches on every rank
-        (FSDP collectives must line up); a rank with less work gets empty micro-batches."""
-        shards = np.array_split(indices, self.world_size)
-        n_micro = max(1, math.ceil(len(shards[0]) / self.cfg.micro_batch_size))
-        mine = shards[self.rank]
-        if lengths is not None:  # similar lengths share a micro-batch: less padding, same sum
-            mine = mine[np.argsort(lengths[mine], kind="stable")]
-        mbs = self.cfg.micro_batch_size
-        return [mine[k * mbs : (k + 1) * mbs] for k in range(n_micro)]
+        (FSDP collectives must line up); a rank with less work gets empty micro-batches. By
+        sequence count, or by padded tokens with `micro_batch_tokens` (`plan_micro_batches`)."""
+        return plan_micro_batches(indices, self.world_size, self.rank, micro_batch_size=self.cfg.micro_batch_size,
+                                  max_tokens=self.cfg.micro_batch_tokens, lengths=lengths)
 
     def _token_log_probs(
         self, model: torch.nn.Module, batch: TrainBatch, idx: list[int], entropy: bool = False
@@ -158,6 +138,9 @@ class TrainerWorker:
             pos[b] = (len(p) - 1 + torch.arange(R)).clamp(max=L - 2 if L > 1 else 0)
             mask[b, : len(r)] = 1.0
         ids, pos, mask = ids.to(self.device), pos.to(self.device), mask.to(self.device)
+        if self.cfg.logprob_chunk_tokens > 0:
+            return self._chunked_token_log_probs(model, ids, [len(p) for p in prompts], [len(r) for r in resps],
+                                                 R, mask, entropy)
         logits = model(input_ids=ids, use_cache=False).logits  # [B, L, V]
         sel = logits.gather(1, pos[..., None].expand(-1, -1, logits.shape[-1]))  # [B, R, V]
         logp_all = torch.log_softmax(sel.float() / self.cfg.logprob_temperature, dim=-1)
@@ -168,6 +151,40 @@ class TrainerWorker:
             with torch.no_grad():
                 ent = -(logp_all.exp() * logp_all).sum(-1) * mask
         return logp * mask, mask, ent
+
+    def _chunked_token_log_probs(self, model: torch.nn.Module, ids: torch.Tensor, plens: list[int], rlens: list[int],
+                                 R: int, mask: torch.Tensor, entropy: bool
+                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """`_token_log_probs` without `[B, L, V]` logits: the model returns its final hidden
+        states (`HiddenStateHead`), the response rows are picked out (pad and prompt positions
+        dropped) and `chunked_log_probs` runs the head and log-softmax `logprob_chunk_tokens`
+        rows at a time. Same values as the full-logits path up to float rounding."""
+        head = model.get_output_embeddings()
+        if not isinstance(head, HiddenStateHead):
+            raise RuntimeError("chunked log-probs need the HiddenStateHead installed at build time")
+        head.pass_hidden = True
+        try:
+            with warnings.catch_warnings():
+                # The root returns a view (HF slices the hidden states before the head); nothing
+                # below modifies it in place, which is what FSDP2's warning is about.
+                warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+                hidden = model(input_ids=ids, use_cache=False).logits  # [B, L, H]: the head passed it through
+            weight, bias = head.live_weight, head.live_bias
+        finally:
+            head.pass_hidden = False
+            head.release()
+        B, L, H = hidden.shape
+        src, tgt = response_rows(plens, rlens, L)
+        src, tgt = src.to(self.device), tgt.to(self.device)
+        logp_flat, ent_flat = chunked_log_probs(
+            hidden.reshape(B * L, H)[src], weight, bias, ids.reshape(-1)[tgt],
+            chunk_tokens=self.cfg.logprob_chunk_tokens, temperature=self.cfg.logprob_temperature, entropy=entropy)
+        dst = torch.cat([b * R + torch.arange(r) for b, r in enumerate(rlens)]).to(self.device)
+        logp = torch.zeros(B * R, device=self.device).index_put((dst,), logp_flat).view(B, R)
+        ent = None
+        if entropy:
+            ent = torch.zeros(B * R, device=self.device).index_put((dst,), ent_flat).view(B, R)
+        return logp, mask, ent
 
     def _padded(self, rows: list[list[float]], R: int) -> torch.Tensor:
         out = torch.zeros(len(rows), R)
@@ -297,7 +314,8 @@ class TrainerWorker:
         with torch.no_grad():
             idx_all = np.arange(len(batch))
             out: dict[int, list[float]] = {}
-            for mb in self._micro_batches(idx_all):
+            lengths = np.asarray([len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)])
+            for mb in self._micro_batches(idx_all, lengths):
                 real = len(mb) > 0
                 idx = [int(i) for i in (mb if real else idx_all[:1])]
                 logp, _, _ = self._token_log_probs(self.model, batch, idx)
@@ -372,33 +390,42 @@ class TrainerWorker:
         other ranks get None). Useful as `old_log_probs` or to check a rollout engine."""
         self._require_loaded("compute_log_probs")
         out = self._all_log_probs(batch)
+        self.model.reshard()  # FSDP2 keeps the root gathered after a no-grad forward; free it
         return out if self.rank == 0 else None
 
     # -------------------------------------------------------------------- publish / state
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The full (unsharded) policy on CPU with Hugging Face names; rank 0 only (None elsewhere)."""
+    def full_state_dict(self, dtype: str | None = None) -> dict[str, torch.Tensor] | None:
+        """The full (unsharded) policy on CPU with Hugging Face names, in `dtype` (default
+        `TrainerConfig.publish_dtype`: the GPS store's dtype); rank 0 only (None elsewhere)."""
         self._require_loaded("full_state_dict")
+        want = getattr(torch, dtype or self.cfg.publish_dtype)
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return {k: v.detach().clone() for k, v in sd.items()} if self.rank == 0 else None
+        if self.rank != 0:
+            return None
+        # One host copy: the cast is the copy (a same-dtype `to` would alias the gathered tensor).
+        return {k: (v.detach().to(want) if v.dtype != want else v.detach().clone()) for k, v in sd.items()}
 
     def state(self) -> dict[str, Any]:
         return {"version": self.version, "counters": dict(self.counters), "world_size": self.world_size}
 
     # --------------------------------------------------------------------- offload / reload
-    def _offloadable(self) -> list[torch.Tensor]:
-        """Tensors whose storage lives on the training device: sharded params, grads, optimizer
-        state (and the frozen reference). Storages are what get freed, so views share the fate
-        of their base (FSDP2's sharded param views included)."""
-        out: list[torch.Tensor] = []
-        for model in (self.model, self.ref_model):
+    def offloadable(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, tensor) of every tensor whose storage lives on the training device: sharded
+        params, grads, optimizer state (and the frozen reference). Storages are what get freed,
+        so views share the fate of their base (FSDP2's sharded param views included). The names
+        key the reused host buffers."""
+        out: list[tuple[str, torch.Tensor]] = []
+        names: dict[int, str] = {}
+        for tag, model in (("policy", self.model), ("ref", self.ref_model)):
             if model is None:
                 continue
-            for p in model.parameters():
-                out.append(_local(p.data))
+            for n, p in model.named_parameters():
+                names[id(p)] = f"{tag}.{n}"
+                out.append((f"{tag}.{n}", _local(p.data)))
                 if p.grad is not None:
-                    out.append(_local(p.grad))
-        for st in self.optimizer.state.values():
-            out.extend(_local(v) for v in st.values() if torch.is_tensor(v))
+                    out.append((f"{tag}.{n}.grad", _local(p.grad)))
+        for p, st in self.optimizer.state.items():
+            out.extend((f"{names.get(id(p), id(p))}.optim.{k}", _local(v)) for k, v in st.items() if torch.is_tensor(v))
         return out
 
     def device_bytes(self) -> dict[str, int]:
@@ -412,34 +439,45 @@ class TrainerWorker:
 
     def offload(self) -> dict[str, float]:
         """Copy every device storage of params, grads and optimizer state to host memory (pinned
-        on CUDA) and free the device storage (resize to 0 bytes), ahead of a role shift."""
+        on CUDA, buffers reused from the last offload), free the device storages (resize to 0
+        bytes), drop FSDP's gathered copies, and empty the CUDA allocator's cache, ahead of a
+        role shift. Metrics: bytes, seconds, host buffers newly allocated, cache emptied (0/1)."""
         if self._offloaded is not None:
-            return {"offloaded_bytes": 0.0, "offload_s": 0.0}
+            return {"offloaded_bytes": 0.0, "offload_s": 0.0, "host_allocations": 0.0, "cache_emptied": 0.0}
         t0 = time.perf_counter()
-        pin = self.device.type == "cuda"
-        saved: dict[int, tuple[torch.UntypedStorage, torch.Tensor]] = {}
-        for t in self._offloadable():
+        for model in (self.model, self.ref_model):
+            if model is not None:
+                model.reshard()  # no-grad forwards leave the root's parameters gathered
+        pin = self._stash.pin
+        allocs0 = self._stash.allocations
+        saved: list[tuple[torch.UntypedStorage, torch.Tensor]] = []
+        seen: set[int] = set()
+        for key, t in self.offloadable():
             s = t.untyped_storage()
-            if s.nbytes() == 0 or s.data_ptr() in saved:
+            if s.nbytes() == 0 or s.data_ptr() in seen:
                 continue
+            seen.add(s.data_ptr())
             raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(s)  # the whole storage as bytes
-            host = torch.empty(s.nbytes(), dtype=torch.uint8, pin_memory=pin)
+            host = self._stash.buffer(key, s.nbytes())
             host.copy_(raw, non_blocking=pin)
-            saved[s.data_ptr()] = (s, host)
+            saved.append((s, host))
         if pin:
             torch.cuda.synchronize(self.device)
-        for s, _ in saved.values():
+        for s, _ in saved:
             s.resize_(0)
         self._offloaded = saved
-        return {"offloaded_bytes": float(sum(h.numel() for _, h in saved.values())), "offload_s": time.perf_counter() - t0}
+        emptied = release_cached_device_memory(self.device)
+        return {"offloaded_bytes": float(sum(h.numel() for _, h in saved)), "offload_s": time.perf_counter() - t0,
+                "host_allocations": float(self._stash.allocations - allocs0), "cache_emptied": float(emptied)}
 
     def reload(self) -> dict[str, float]:
-        """Reallocate the freed device storages and copy the host copies back, bit for bit."""
+        """Reallocate the freed device storages and copy the host copies back, bit for bit. The
+        host buffers stay allocated for the next offload."""
         if self._offloaded is None:
             return {"reloaded_bytes": 0.0, "reload_s": 0.0}
         t0 = time.perf_counter()
         total = 0
-        for s, host in self._offloaded.values():
+        for s, host in self._offloaded:
             s.resize_(host.numel())
             raw = torch.empty(0, dtype=torch.uint8, device=s.device).set_(s)
             raw.copy_(host, non_blocking=host.is_pinned())
@@ -459,76 +497,13 @@ class TrainerWorker:
 
     # -------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> None:
-        """Write a checkpoint into the (empty or new) folder `path`:
-
-        - `hf/`: the policy as a Hugging Face folder (weights + the source folder's config and
-          tokenizer files), loadable by `AutoModelForCausalLM.from_pretrained`;
-        - `dcp/`: sharded model + optimizer state (torch.distributed.checkpoint; reshardable, so a
-          run may resume on a different world size);
-        - `rng/rank_<r>.pt`: each rank's torch/numpy/python RNG states;
-        - `trainer_state.json`: version and counters; `extra.json`: the caller's state (e.g. the
-          data cursor)."""
+        """Write a checkpoint into the (empty or new) folder `path` (`trainer_checkpoint.save`
+        says what goes where). Collective."""
         self._require_loaded("save_checkpoint")
-        path = Path(path)
-        if self.rank == 0:
-            path.mkdir(parents=True, exist_ok=True)
-        dist.barrier()
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "dcp"))
-        full = self.full_state_dict()
-        (path / "rng").mkdir(exist_ok=True)
-        rng = {
-            "torch": torch.get_rng_state(),
-            "numpy": np.random.get_state(),
-            "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
-        }
-        torch.save(rng, path / "rng" / f"rank_{self.rank}.pt")
-        if self.rank == 0:
-            self._save_hf(path / "hf", full)
-            (path / "trainer_state.json").write_text(json.dumps(self.state(), indent=2))
-            (path / "extra.json").write_text(json.dumps(extra or {}, indent=2))
-        dist.barrier()
-
-    def _save_hf(self, out: Path, full: dict[str, torch.Tensor]) -> None:
-        from transformers import AutoModelForCausalLM
-
-        out.mkdir(parents=True, exist_ok=True)
-        for f in self.model_path.iterdir():
-            if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES):
-                shutil.copy2(f, out / f.name)
-        # A meta-device skeleton takes the gathered tensors by assignment: no second random init,
-        # and save_pretrained handles tied weights and large-file sharding the HF way.
-        with torch.device("meta"):
-            skeleton = AutoModelForCausalLM.from_config(self.hf_config, dtype=torch.float32)
-        skeleton.load_state_dict(full, assign=True, strict=True)
-        skeleton.tie_weights()
-        skeleton.save_pretrained(str(out), safe_serialization=True)
+        trainer_checkpoint.save(self, Path(path), extra)
 
     def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
-        """Restore model, optimizer, version, counters and RNG from `path`; return its extra state.
-        RNG is restored only when the checkpoint was written by the same world size (per-rank
-        streams do not map onto a different rank count). The KL reference is not in checkpoints:
-        it is always the initial policy at `model_path`, so resume with the same `model_path`."""
+        """Restore model, optimizer, version, counters and RNG from `path`; return its extra state
+        (`trainer_checkpoint.load`). Collective."""
         self._require_loaded("load_checkpoint")
-        path = Path(path)
-        if not (path / "trainer_state.json").is_file():
-            raise ValueError(f"checkpoint {str(path)!r} has no trainer_state.json (not a trainer checkpoint)")
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(path / "dcp"))
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        self.optimizer.zero_grad(set_to_none=True)
-        meta = json.loads((path / "trainer_state.json").read_text())
-        self.version = int(meta["version"])
-        self.counters = {k: int(v) for k, v in meta["counters"].items()}
-        rng_file = path / "rng" / f"rank_{self.rank}.pt"
-        if int(meta["world_size"]) == self.world_size and rng_file.is_file():
-            rng = torch.load(rng_file, weights_only=False)
-            torch.set_rng_state(rng["torch"])
-            np.random.set_state(rng["numpy"])
-            random.setstate(rng["python"])
-            if rng.get("cuda") is not None and self.device.type == "cuda":
-                torch.cuda.set_rng_state(rng["cuda"], self.device)
-        dist.barrier()
-        return json.loads((path / "extra.json").read_text()) if (path / "extra.json").is_file() else {}
+        return trainer_checkpoint.load(self, Path(path))

