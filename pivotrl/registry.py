@@ -4,8 +4,9 @@ Every name a config may choose (runtime, deploy mode and its schema, shift strat
 evaluation, inference engine, GPS transport, advantage estimator, policy loss, GenRM score parser)
 is looked up in a `Registry`, so an unknown name fails the same way everywhere: a `ConfigError`
 naming the config path and the registered names. Entries may be objects or lazy
-`"module:attribute"` strings (imported on first use, so a registry of heavy engines can be read
-by the config layer without importing torch or vLLM). Pure: standard library only.
+`"module:attribute"` strings (imported on first use; `module:Class.method` names a classmethod),
+so the config layer can hold the registry of heavy engines without importing torch or vLLM, and a
+registry of names creates no import edge between layers. Pure: standard library only.
 """
 from __future__ import annotations
 
@@ -54,7 +55,9 @@ class Registry(Mapping[str, T], Generic[T]):
         entry = self._entries[name]
         if isinstance(entry, str) and ":" in entry:
             module, attr = entry.split(":", 1)
-            entry = getattr(importlib.import_module(module), attr)
+            entry = importlib.import_module(module)
+            for part in attr.split("."):  # `module:Class.factory` names a classmethod
+                entry = getattr(entry, part)
             self._entries[name] = entry
         return entry  # type: ignore[return-value]
 

@@ -88,7 +88,8 @@ def check_trainer(ctx: dict) -> dict:
 
     from pivotrl.config.trainer import TrainerConfig
     from pivotrl.engines.memory import ModelShape, check_fits
-    from pivotrl.engines.trainer import TrainBatch, Trainer
+    from pivotrl.engines.train_batch import TrainBatch
+    from pivotrl.engines.trainer import Trainer
 
     gpu = ctx["gpu"]
     n, plen, rlen = (16, 256, 768) if gpu else (8, 8, 24)

@@ -30,7 +30,7 @@ from pivotrl.bench.common import parser, print_table, write_json
 
 
 def _batch(n: int, seed: int, version: int):
-    from pivotrl.engines.trainer import TrainBatch
+    from pivotrl.engines.train_batch import TrainBatch
 
     rng = random.Random(seed)
     return TrainBatch(
@@ -54,7 +54,7 @@ MEMORY_CONFIGS = (
 
 
 def _memory_batch(version: int, n: int = 8, prompt: int = 64, response: int = 448):
-    from pivotrl.engines.trainer import TrainBatch
+    from pivotrl.engines.train_batch import TrainBatch
 
     rng = random.Random(version)
     return TrainBatch(prompt_ids=[[rng.randrange(4, 8000) for _ in range(prompt)] for _ in range(n)],

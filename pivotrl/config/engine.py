@@ -7,8 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Names accepted by `EngineConfig.name` (keys of `pivotrl.engines.registry.ENGINES`).
-ENGINE_NAMES = ("auto", "cpu", "vllm")
+from pivotrl.registry import Registry
+
+#: `engine.name` -> the engine class (imported on first use); `auto` picks one (engines/registry.py).
+ENGINES: Registry[type] = Registry("engine.name", {
+    "cpu": "pivotrl.engines.cpu_engine:CPUEngine",
+    "vllm": "pivotrl.engines.vllm_engine:VLLMEngine",
+}, aliases=("auto",))
 
 
 @dataclass
@@ -66,8 +71,7 @@ class EngineConfig:
     """vLLM: seconds to wait for the engine process to start before giving up with an error."""
 
     def __post_init__(self) -> None:
-        if self.name not in ENGINE_NAMES:
-            raise ValueError(f"engine.name {self.name!r} is not one of {list(ENGINE_NAMES)}")
+        ENGINES.check(self.name)
         for f in ("max_num_seqs", "kv_capacity_tokens", "vllm_tensor_parallel_size"):
             v = getattr(self, f)
             if not isinstance(v, int) or v < 1:

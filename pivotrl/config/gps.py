@@ -7,8 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Transport names accepted by `GPSConfig.transport` (keys of `pivotrl.gps.transports.TRANSPORTS`).
-TRANSPORT_NAMES = ("shm", "ray", "nixl")
+from pivotrl.registry import Registry
+
+#: `gps.transport` -> the transport's factory `(config, num_nodes, **kw)` (imported on first use).
+TRANSPORTS: Registry = Registry("cluster.gps.transport", {
+    "shm": "pivotrl.gps.transports:ShmTransport",
+    "ray": "pivotrl.gps.ray_transport:RayTransport.create",
+    "nixl": "pivotrl.gps.nixl_transport:NixlTransport",
+})
 
 
 @dataclass
@@ -73,8 +79,7 @@ class GPSConfig:
                 raise ValueError(f"gps.{name} must be > 0, got {getattr(self, name)}")
         if self.transfer_overhead_s < 0:
             raise ValueError(f"gps.transfer_overhead_s must be >= 0, got {self.transfer_overhead_s}")
-        if self.transport not in TRANSPORT_NAMES:
-            raise ValueError(f"gps.transport={self.transport!r}; allowed: {', '.join(TRANSPORT_NAMES)}")
+        TRANSPORTS.check(self.transport)
         if self.alignment_bytes <= 0 or self.alignment_bytes & (self.alignment_bytes - 1):
             raise ValueError(f"gps.alignment_bytes must be a power of two, got {self.alignment_bytes}")
         if self.pool_freed_buffers < 0:

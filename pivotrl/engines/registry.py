@@ -13,23 +13,15 @@ fallback and the test engine.
 """
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
-from pivotrl.config.engine import ENGINE_NAMES, EngineConfig
+from pivotrl.config.engine import ENGINES, EngineConfig
 from pivotrl.engines.protocol import InferenceEngine
-
-#: name -> "module:Class" of the engine (imported on first use).
-ENGINES: dict[str, str] = {
-    "cpu": "pivotrl.engines.cpu_engine:CPUEngine",
-    "vllm": "pivotrl.engines.vllm_engine:VLLMEngine",
-}
-assert set(ENGINES) | {"auto"} == set(ENGINE_NAMES), "keep config.engine.ENGINE_NAMES in sync"
 
 
 def engine_names() -> list[str]:
     """Every name `EngineConfig.name` accepts."""
-    return ["auto", *ENGINES]
+    return ENGINES.names()
 
 
 def resolve_engine_name(name: str) -> str:
@@ -38,15 +30,13 @@ def resolve_engine_name(name: str) -> str:
         from pivotrl.engines.vllm_engine import vllm_available
 
         return "vllm" if vllm_available() else "cpu"
-    if name not in ENGINES:
-        raise ValueError(f"unknown engine name {name!r}; allowed: {engine_names()}")
+    ENGINES.check(name)
     return name
 
 
 def engine_class(name: str) -> type:
     """The engine class registered under `name` (after `auto` resolution)."""
-    module, cls = ENGINES[resolve_engine_name(name)].split(":")
-    return getattr(importlib.import_module(module), cls)
+    return ENGINES[resolve_engine_name(name)]
 
 
 def create_engine(model_path: str | Path, cfg: EngineConfig | str | None = None, version: int = 0,
@@ -57,9 +47,7 @@ def create_engine(model_path: str | Path, cfg: EngineConfig | str | None = None,
     ValueError naming the folder."""
     if cfg is None or isinstance(cfg, str):
         name = cfg or "auto"
-        if name not in engine_names():  # before EngineConfig, so the error lists the registry
-            raise ValueError(f"unknown engine name {name!r}; allowed: {engine_names()}")
-        cfg = EngineConfig(name=name)
+        cfg = EngineConfig(name=name)  # checks the name against the registry
     path = Path(model_path)
     if not path.is_dir():
         raise ValueError(f"model folder {str(path)!r} does not exist or is not a folder")

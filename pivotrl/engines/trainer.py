@@ -10,7 +10,8 @@ instead of the processes started here.
 Usage::
 
     from pivotrl.config.trainer import TrainerConfig
-    from pivotrl.engines.trainer import Trainer, TrainBatch
+    from pivotrl.engines.trainer import Trainer
+    from pivotrl.engines.train_batch import TrainBatch
 
     with Trainer(TrainerConfig(world_size=2, lr=1e-4), "/path/to/hf_policy",
                  publish=lambda version, sd: engine.load_weights(sd, version)) as tr:
@@ -54,117 +55,25 @@ from __future__ import annotations
 import json
 import os
 import queue
-import re
 import shutil
 import tempfile
 import traceback
-import dataclasses
-from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Hashable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from pivotrl.config.trainer import TrainerConfig
+from pivotrl.engines.dist import init_process_group, resolve_device
+from pivotrl.engines.train_batch import TrainBatch
+from pivotrl.engines.trainer_checkpoint import latest_checkpoint
 
 if TYPE_CHECKING:
     from pivotrl.engines.trainer_worker import TrainerWorker
 
-__all__ = [
-    "Trainer", "TrainBatch", "TrainerError", "WeightPublisher", "checkpoint_dir", "latest_checkpoint",
-    "init_process_group", "resolve_device",
-]
-
-_CKPT_RE = re.compile(r"^step_(\d+)$")
-
-
-@dataclass
-class TrainBatch:
-    """Samples for one policy update. Lists are per sample, all of the same length.
-
-    - `prompt_ids` / `response_ids`: token ids (no padding). Prompts must be non-empty; the loss
-      covers response tokens only.
-    - `versions`: the policy version that generated each sample (for the staleness bound).
-    - Either `advantages` (one scalar per sample, broadcast to its response tokens) or `rewards` +
-      `group_ids` (samples of one prompt share a group id; the trainer's estimator computes the
-      advantages over the whole batch *before* stale samples are dropped, so a group's baseline
-      does not depend on which of its samples are still fresh).
-    - `old_log_probs`: per response token, from the behaviour policy (e.g. the rollout engine).
-      When None, the current policy's own log-probs are used, detached: with one optimizer step
-      per batch that is exactly verl's "recompute old log-probs before the update", so the ratio
-      is 1 and PPO-clip reduces to the policy gradient. Pass them for stale samples if the
-      importance ratio should correct for staleness. With several mini-batches or epochs per
-      batch (`TrainerConfig.ppo_mini_batches`, `ppo_epochs`), None means "recompute once before
-      the first optimizer step".
-    """
-
-    prompt_ids: list[list[int]]
-    response_ids: list[list[int]]
-    versions: list[int]
-    rewards: list[float] | None = None
-    group_ids: list[Hashable] | None = None
-    advantages: list[float] | None = None
-    old_log_probs: list[list[float]] | None = None
-
-    def __len__(self) -> int:
-        return len(self.prompt_ids)
-
-    def with_old_log_probs(self, old_log_probs: list[list[float]]) -> "TrainBatch":
-        """A copy of this batch carrying `old_log_probs`."""
-        return dataclasses.replace(self, old_log_probs=old_log_probs)
-
-    def validate(self, vocab_size: int | None = None) -> None:
-        """Raise ValueError naming the field that is missing, ragged or malformed (and, given
-        `vocab_size`, holding a token id outside the model's vocabulary)."""
-        n = len(self.prompt_ids)
-        if n == 0:
-            raise ValueError("TrainBatch.prompt_ids is empty: a batch needs at least one sample")
-        for name in ("response_ids", "versions", "rewards", "group_ids", "advantages", "old_log_probs"):
-            v = getattr(self, name)
-            if v is not None and len(v) != n:
-                raise ValueError(f"TrainBatch.{name} has {len(v)} entries, prompt_ids has {n}")
-        if self.advantages is None and (self.rewards is None or self.group_ids is None):
-            raise ValueError("TrainBatch needs either advantages, or rewards and group_ids")
-        for i, p in enumerate(self.prompt_ids):
-            if len(p) == 0:
-                raise ValueError(f"TrainBatch.prompt_ids[{i}] is empty (a prompt needs >= 1 token)")
-        if vocab_size is not None:
-            for name in ("prompt_ids", "response_ids"):
-                for i, ids in enumerate(getattr(self, name)):
-                    if ids and (min(ids) < 0 or max(ids) >= vocab_size):
-                        raise ValueError(f"TrainBatch.{name}[{i}] has a token id outside [0, {vocab_size})")
-        if self.old_log_probs is not None:
-            for i, (r, lp) in enumerate(zip(self.response_ids, self.old_log_probs)):
-                if len(r) != len(lp):
-                    raise ValueError(
-                        f"TrainBatch.old_log_probs[{i}] has {len(lp)} entries, response_ids[{i}] has {len(r)}"
-                    )
-
-
-def resolve_device(cfg: TrainerConfig) -> tuple[str, str]:
-    """(device kind, backend) from `cfg.device` / `cfg.backend`, resolving `auto`."""
-    kind = cfg.device
-    if kind == "auto":
-        kind = "cuda" if torch.cuda.is_available() else "cpu"
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError("TrainerConfig.device='cuda' but CUDA is not available; use 'cpu' or 'auto'")
-    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if kind == "cuda" else "gloo")
-    return kind, backend
-
-
-def init_process_group(rank: int, world_size: int, init_method: str, backend: str, timeout_s: float = 600.0) -> None:
-    """Join the default process group (`init_method`: a `file://` or `tcp://` URL shared by all ranks)."""
-    dist.init_process_group(
-        backend=backend,
-        init_method=init_method,
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=timeout_s),
-    )
-
+__all__ = ["Trainer", "TrainerError", "WeightPublisher"]
 
 class TrainerError(RuntimeError):
     """A rank failed (its traceback is in the message) or stopped answering."""
@@ -172,25 +81,6 @@ class TrainerError(RuntimeError):
 
 class WeightPublisher(Protocol):
     def __call__(self, version: int, state_dict: dict[str, torch.Tensor]) -> None: ...
-
-
-def checkpoint_dir(root: str | os.PathLike, version: int) -> Path:
-    """The conventional folder of the checkpoint at `version` under `root`: `root/step_00000042`."""
-    return Path(root) / f"step_{version:08d}"
-
-
-def latest_checkpoint(root: str | os.PathLike) -> Path | None:
-    """The complete checkpoint under `root` with the highest version, or None if there is none.
-    A folder without `trainer_state.json` (a save that crashed) is skipped."""
-    root = Path(root)
-    if not root.is_dir():
-        return None
-    found = [
-        (int(m.group(1)), p)
-        for p in root.iterdir()
-        if (m := _CKPT_RE.match(p.name)) and (p / "trainer_state.json").is_file()
-    ]
-    return max(found)[1] if found else None
 
 
 def _rank_main(rank: int, cfg: TrainerConfig, model_path: str, init_method: str, backend: str,

@@ -12,7 +12,9 @@ A checkpoint folder holds:
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-__all__ = ["save", "load"]
+__all__ = ["checkpoint_dir", "latest_checkpoint", "load", "save"]
+
+_CKPT_RE = re.compile(r"^step_(\d+)$")
 
 # Files of a model folder that are weights; everything else (config, tokenizer, generation config)
 # is copied into the Hugging Face part of a checkpoint unchanged.
@@ -94,3 +98,22 @@ def load(w: Any, path: Path) -> dict[str, Any]:
             torch.cuda.set_rng_state(rng["cuda"], w.device)
     dist.barrier()
     return json.loads((path / "extra.json").read_text()) if (path / "extra.json").is_file() else {}
+
+
+def checkpoint_dir(root: str | os.PathLike, version: int) -> Path:
+    """The conventional folder of the checkpoint at `version` under `root`: `root/step_00000042`."""
+    return Path(root) / f"step_{version:08d}"
+
+
+def latest_checkpoint(root: str | os.PathLike) -> Path | None:
+    """The complete checkpoint under `root` with the highest version, or None if there is none.
+    A folder without `trainer_state.json` (a save that crashed) is skipped."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if (m := _CKPT_RE.match(p.name)) and (p / "trainer_state.json").is_file()
+    ]
+    return max(found)[1] if found else None

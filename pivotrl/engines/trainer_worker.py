@@ -38,7 +38,8 @@ from pivotrl.engines.logprobs import HiddenStateHead, chunked_log_probs, respons
 from pivotrl.engines.model_init import build_sharded_model
 from pivotrl.engines.offload import HostStash, release_cached_device_memory
 # Re-exported: Ray actors import the batch type and the group launcher from here with the worker.
-from pivotrl.engines.trainer import TrainBatch, init_process_group, resolve_device  # noqa: F401
+from pivotrl.engines.dist import resolve_device
+from pivotrl.engines.train_batch import TrainBatch
 from pivotrl.rl.advantages import compute_advantages
 from pivotrl.rl.losses import policy_loss
 

@@ -17,12 +17,12 @@ import abc
 import os
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from pivotrl.config.gps import GPSConfig
+from pivotrl.config.gps import TRANSPORTS, GPSConfig
 
 # (byte offset of the chunk in the buffer, chunk shape, dtype name, box relative to the chunk)
 SliceItem = tuple[int, tuple[int, ...], str, tuple[tuple[int, int], ...]]
@@ -205,28 +205,6 @@ def _sole_owner(buf: torch.Tensor) -> bool:
     return use_count(buf.untyped_storage()._cdata) <= 2
 
 
-def _ray_factory(config: GPSConfig, num_nodes: int, **kw: Any) -> Transport:
-    from pivotrl.gps.ray_transport import RayTransport
-
-    return RayTransport.create(config, num_nodes, **kw)
-
-
-def _nixl_factory(config: GPSConfig, num_nodes: int, **kw: Any) -> Transport:
-    from pivotrl.gps.nixl_transport import NixlTransport
-
-    return NixlTransport(config, num_nodes, **kw)
-
-
-TRANSPORTS: dict[str, Callable[..., Transport]] = {
-    "shm": lambda config, num_nodes, **kw: ShmTransport(config, num_nodes),
-    "ray": _ray_factory,
-    "nixl": _nixl_factory,
-}
-
-
 def make_transport(config: GPSConfig, num_nodes: int, **kw: Any) -> Transport:
-    try:
-        factory = TRANSPORTS[config.transport]
-    except KeyError:
-        raise ValueError(f"gps.transport={config.transport!r}; allowed: {sorted(TRANSPORTS)}") from None
-    return factory(config, num_nodes, **kw)
+    """The transport `config.transport` names (`pivotrl.config.gps.TRANSPORTS`)."""
+    return TRANSPORTS.build(config.transport, config, num_nodes, **kw)

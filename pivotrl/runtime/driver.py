@@ -230,7 +230,7 @@ class DeviceDriver:
         self.ex.params.publish("policy", full)
         version = int(metrics["version"])
         if version % self.cfg.train.checkpoint_every == 0:
-            from pivotrl.engines.trainer import checkpoint_dir
+            from pivotrl.engines.trainer_checkpoint import checkpoint_dir
 
             path = str(checkpoint_dir(self.launch.checkpoint_dir, version))
             self.ex.train_call(act.devices, "save_checkpoint", path, {"step": version, "batch": act.batch})

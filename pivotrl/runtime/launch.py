@@ -52,7 +52,7 @@ class Launch:
     def _find_checkpoint(self) -> None:
         """`train.resume=true`: continue from the newest complete checkpoint in the run folder."""
         from pivotrl.engines.cpu_engine import load_hf_model
-        from pivotrl.engines.trainer import latest_checkpoint
+        from pivotrl.engines.trainer_checkpoint import latest_checkpoint
 
         ck = latest_checkpoint(self.checkpoint_dir)
         if ck is None:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _batch(n, vocab, version=0):
-    from pivotrl.engines.trainer import TrainBatch
+    from pivotrl.engines.train_batch import TrainBatch
 
     rng = random.Random(0)
     return TrainBatch(prompt_ids=[[rng.randrange(4, vocab) for _ in range(16)] for _ in range(n)],

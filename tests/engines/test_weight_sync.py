@@ -117,7 +117,8 @@ def _rank_publish(rank: int, world: int, init: str, address: str, store_blob: by
     import ray
     import torch.distributed as dist
 
-    from pivotrl.engines.trainer_worker import TrainerWorker, init_process_group
+    from pivotrl.engines.trainer_worker import TrainerWorker
+    from pivotrl.engines.dist import init_process_group
 
     torch.set_num_threads(1)
     ray.init(address=address, logging_level="ERROR")
