@@ -1,0 +1,96 @@
+"""Tiny, architecture-true, random-weight checkpoints of every model family GPS supports.
+
+Owns: one small `transformers` config per family (`TINY_FAMILIES`: Qwen2, Qwen3, Qwen3-MoE,
+GLM-4), writing it as a Hugging Face folder (safetensors in the checkpoint's own layout, e.g. one
+tensor per MoE expert) with the project's character tokenizer and a family-style chat template
+(system turn, and Qwen3's `enable_thinking=False` empty think block), and nothing else. Used by the
+GPS/vLLM family tests and usable by the bootstrap (`make_tiny_checkpoint(family, path)`).
+
+Sizes: head_dim 32 (vLLM's CPU attention rejects 16); 8 query / 4 KV heads where the family allows,
+so TP 1, 2 and 4 all divide the heads; vocabulary 128 (the tokenizer's ids and TP 4 both fit);
+`max_position_embeddings` 512 so vLLM sizes a small KV cache. `initializer_range` 0.1 (transformers'
+default is 0.02): random logits then have clear maxima, so greedy decoding is not decided by
+rounding between two engines.
+
+Public API:
+    FAMILY_NAMES: tuple of family names (keys of pivotrl.gps.families.FAMILIES used here)
+    tiny_config(family, dtype="float32") -> transformers.PretrainedConfig
+    family_tokenizer() -> PreTrainedTokenizerFast   (char tokenizer + FAMILY_CHAT_TEMPLATE)
+    make_tiny_checkpoint(family, path, dtype="float32", seed=0) -> Path
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pivotrl.models.tiny import save_model_folder
+from pivotrl.models.tokenizer import build_tokenizer
+
+#: Rendered like the char tokenizer's template, plus what real chat templates of these families
+#: do at the generation prompt: Qwen3's `enable_thinking=False` pre-fills an empty think block.
+FAMILY_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|eos|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% endif %}"
+    "{% endif %}"
+)
+
+_COMMON = dict(vocab_size=128, num_hidden_layers=2, max_position_embeddings=512, tie_word_embeddings=False,
+               initializer_range=0.1, rope_theta=10000.0)
+
+TINY_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    # family -> (transformers config class name, fields); Qwen2 derives head_dim from hidden/heads
+    "qwen2": ("Qwen2Config", dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=4,
+                                  intermediate_size=256, use_sliding_window=False)),
+    "qwen3": ("Qwen3Config", dict(hidden_size=128, head_dim=32, num_attention_heads=8, num_key_value_heads=4,
+                                  intermediate_size=256, attention_bias=False)),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(hidden_size=128, head_dim=32, num_attention_heads=8, num_key_value_heads=4,
+                                         intermediate_size=256, moe_intermediate_size=64, num_experts=8,
+                                         num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[],
+                                         norm_topk_prob=True)),
+    "glm4": ("Glm4Config", dict(hidden_size=128, head_dim=32, num_attention_heads=8, num_key_value_heads=4,
+                                intermediate_size=256, attention_bias=True, partial_rotary_factor=0.5)),
+}
+FAMILY_NAMES = tuple(TINY_FAMILIES)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _check(family: str) -> None:
+    if family not in TINY_FAMILIES:
+        raise ValueError(f"unknown tiny model family {family!r}; allowed: {', '.join(FAMILY_NAMES)}")
+
+
+def family_tokenizer():
+    """The character tokenizer with the family chat template."""
+    tok = build_tokenizer()
+    tok.chat_template = FAMILY_CHAT_TEMPLATE
+    return tok
+
+
+def tiny_config(family: str, dtype: str = "float32"):
+    """The transformers config of the tiny `family` model, with the tokenizer's special ids."""
+    import transformers
+
+    _check(family)
+    cls_name, fields = TINY_FAMILIES[family]
+    tok = build_tokenizer()
+    ids = dict(bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return getattr(transformers, cls_name)(**_COMMON, **fields, **ids, dtype=dtype)
+
+
+def make_tiny_checkpoint(family: str, path: str | Path, dtype: str = "float32", seed: int = 0) -> Path:
+    """Write a random-weight tiny `family` checkpoint (model, tokenizer, chat template, generation
+    config) to `path` atomically; return `path`."""
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {list(_DTYPES)}")
+    cfg = tiny_config(family, dtype)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    return save_model_folder(model, path, dtype, tokenizer=family_tokenizer())
