@@ -49,6 +49,7 @@ CASES = [
     ("pivotrl/arith", "3+4=7\n#### 7", "7", 1.0),
     ("pivotrl/arith", "3+4=7\nAnswer: 7", "7", 0.0),
     ("openai/gsm8k", "#### 1,234", "1234", 1.0),
+    ("pivotrl/arith", "#### ７", "7", 0.0),                              # full-width digit: not 7
 ]
 
 
