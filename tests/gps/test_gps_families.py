@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pivotrl.gps import Device, Layout, import_hf
+from pivotrl.gps import Device, Layout, export_hf, import_hf
 from pivotrl.gps.checkpoint import checkpoint_spec
 from pivotrl.gps.families import CheckpointMismatchError, UnsupportedArchitectureError, family_of
-from pivotrl.gps.layout import ModelSpec, box_numel, device_shards, validate_layout
+from pivotrl.gps.layout import ModelSpec, device_shards, validate_layout
 from pivotrl.gps.state_dict import to_module, to_store
 from pivotrl.models.tiny_families import FAMILY_NAMES, make_tiny_checkpoint, tiny_config
 
@@ -68,6 +68,22 @@ def test_read_back_exactly_under_every_tp_layout(ckpt, layout, make_store):
     back = _reconstruct(store.spec("m"), layout, shards)
     for name, t in disk.items():
         assert torch.equal(back[name], t.float()), name
+
+
+def test_export_loads_in_transformers_with_its_chat_template(ckpt, make_store, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    family, path, disk = ckpt
+    store = make_store(1)
+    import_hf(store, "m", path)
+    assert export_hf(store, "m", tmp_path / "out") == 0
+    back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), dtype=torch.bfloat16)
+    ref = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16)
+    for k, t in ref.state_dict().items():
+        assert torch.equal(back.state_dict()[k], t), k
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True,
+                                   enable_thinking=False).endswith("<think>\n\n</think>\n\n")
 
 
 def test_glm4_fused_gate_up_splits_per_block(make_store, tmp_path):
