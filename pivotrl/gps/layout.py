@@ -307,3 +307,23 @@ def _fused_name(name: str, layout: Layout) -> str | None:
             if f".{x}.weight" in name:
                 return name.replace(f".{x}.", ".gate_up_proj.")
     return None
+
+
+def allowed_tp(spec: ModelSpec, max_tp: int = 64) -> list[int]:
+    """Every TP degree up to `max_tp` that partitions `spec` (each split dim divisible in whole units)."""
+    out = []
+    for tp in range(1, max_tp + 1):
+        try:
+            validate_layout(spec, Layout(tp=tp))
+        except ValueError:
+            continue
+        out.append(tp)
+    return out
+
+
+def check_tp(spec: ModelSpec, tp: int, where: str = "models.policy.tp") -> None:
+    """Raise ValueError naming `where`, the tensor that does not split and the TP degrees that do."""
+    try:
+        validate_layout(spec, Layout(tp=tp))
+    except ValueError as e:
+        raise ValueError(f"{where}={tp}: {e}; allowed for this model: {allowed_tp(spec)}") from None

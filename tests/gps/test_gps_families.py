@@ -191,3 +191,14 @@ def test_bad_checkpoints_stop_at_import_naming_the_folder(tmp_path, make_store):
     with pytest.raises(CheckpointMismatchError, match="1 of 2 weight files .* missing .*model-00002-of-00002"):
         import_hf(store, "q", path)
     assert store.models() == []  # nothing registered by any failed import
+
+
+def test_check_tp_names_the_field_and_allowed_values():
+    from pivotrl.gps.layout import allowed_tp, check_tp
+
+    spec = ModelSpec.from_config(tiny_config("glm4").to_dict())
+    assert allowed_tp(spec, 8) == [1, 2, 4]  # 4 KV heads
+    check_tp(spec, 4, "models.genrm.tp")
+    with pytest.raises(ValueError, match=r"models.genrm.tp=8: layout tp=8 does not divide .*k_proj.weight .*"
+                                         r"allowed for this model: \[1, 2, 4\]"):
+        check_tp(spec, 8, "models.genrm.tp")

@@ -143,3 +143,19 @@ def test_judge_config_refuses_bad_values(kw, match):
 
 def test_default_judge_fits_a_reasoning_judge():
     assert JudgeConfig().max_tokens >= 20000  # paper §8.1: GenRM responses up to 20K tokens
+
+
+def test_load_chat_tokenizer_override_and_missing(tmp_path):
+    from pivotrl.models.tiny_families import make_tiny_checkpoint
+    from pivotrl.rl.chat import ChatTemplateError, load_chat_tokenizer, render_chat
+
+    path = make_tiny_checkpoint("qwen3", tmp_path / "q", dtype="bfloat16")
+    tok = load_chat_tokenizer(path, ChatConfig(), "models.genrm.chat")
+    assert tok.decode(render_chat(tok, [{"role": "user", "content": "hi"}], ChatConfig(enable_thinking=False))) \
+        == "<|user|>hi<|eos|><|assistant|><think>\n\n</think>\n\n"
+    jinja = tmp_path / "t.jinja"
+    jinja.write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
+    tok2 = load_chat_tokenizer(path, ChatConfig(chat_template=str(jinja), system_prompt="S"), "models.genrm.chat")
+    assert tok2.decode(render_chat(tok2, [{"role": "user", "content": "hi"}], ChatConfig(system_prompt="S"))) == "[S][hi]"
+    with pytest.raises(ChatTemplateError, match="chat template file .*missing.jinja.* does not exist"):
+        load_chat_tokenizer(path, ChatConfig(chat_template=str(tmp_path / "missing.jinja")))
