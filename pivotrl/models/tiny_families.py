@@ -15,6 +15,9 @@ rounding between two engines.
 Public API:
     FAMILY_NAMES: tuple of family names (keys of pivotrl.gps.families.FAMILIES used here)
     tiny_config(family, dtype="float32") -> transformers.PretrainedConfig
+    family_config(family, dims: TinyModelConfig) -> transformers.PretrainedConfig
+        the family's config at the bootstrap's model dimensions (for a bootstrap that builds a
+        GenRM of another family: `AutoModelForCausalLM.from_config(family_config(...))`)
     family_tokenizer() -> PreTrainedTokenizerFast   (char tokenizer + FAMILY_CHAT_TEMPLATE)
     make_tiny_checkpoint(family, path, dtype="float32", seed=0) -> Path
 """
@@ -81,6 +84,32 @@ def tiny_config(family: str, dtype: str = "float32"):
     tok = build_tokenizer()
     ids = dict(bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     return getattr(transformers, cls_name)(**_COMMON, **fields, **ids, dtype=dtype)
+
+
+def family_config(family: str, dims: Any, num_experts: int = 8, experts_per_token: int = 2):
+    """The transformers config of `family` with the sizes of a `TinyModelConfig` (`dims`): hidden,
+    layers, heads, KV heads, head_dim, MLP width (MoE: each of `num_experts` experts gets a quarter
+    of it, `experts_per_token` of them active), vocabulary, tying, RoPE base and dtype."""
+    import transformers
+
+    _check(family)
+    dims.validate()
+    cls_name, fields = TINY_FAMILIES[family]
+    tok = build_tokenizer()
+    kw: dict[str, Any] = dict(
+        vocab_size=dims.vocab_size, hidden_size=dims.hidden_size, num_hidden_layers=dims.num_layers,
+        num_attention_heads=dims.num_heads, num_key_value_heads=dims.num_kv_heads, head_dim=dims.head_dim,
+        intermediate_size=dims.intermediate_size, max_position_embeddings=dims.max_position_embeddings,
+        tie_word_embeddings=dims.tie_word_embeddings, rope_theta=dims.rope_theta, dtype=dims.dtype,
+        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    for k in ("use_sliding_window", "attention_bias", "partial_rotary_factor", "decoder_sparse_step",
+              "mlp_only_layers", "norm_topk_prob"):
+        if k in fields:
+            kw[k] = fields[k]
+    if "num_experts" in fields:
+        kw.update(num_experts=num_experts, num_experts_per_tok=experts_per_token,
+                  moe_intermediate_size=max(1, dims.intermediate_size // 4))
+    return getattr(transformers, cls_name)(**kw)
 
 
 def make_tiny_checkpoint(family: str, path: str | Path, dtype: str = "float32", seed: int = 0) -> Path:
