@@ -45,3 +45,28 @@ def test_family_config_at_bootstrap_sizes(family, tmp_path):
 def test_unknown_family():
     with pytest.raises(ValueError, match="unknown tiny model family 'llama'; allowed: qwen2, qwen3, qwen3_moe, glm4"):
         make_tiny_checkpoint("llama", "/tmp/never")
+
+
+def test_upcycle_copies_the_dense_model_and_keeps_its_mlp():
+    from transformers import Qwen2ForCausalLM
+
+    from pivotrl.models.tiny import qwen2_config
+    from pivotrl.models.tiny_families import upcycle_to_qwen3_moe
+
+    torch.manual_seed(0)
+    dense = Qwen2ForCausalLM(qwen2_config(TinyModelConfig(hidden_size=64, num_heads=2, num_kv_heads=1,
+                                                          intermediate_size=96))).eval()
+    moe = upcycle_to_qwen3_moe(dense, num_experts=4, experts_per_token=2).eval()
+    assert type(moe).__name__ == "Qwen3MoeForCausalLM" and moe.config.num_experts == 4
+    dsd, msd = dense.state_dict(), moe.state_dict()
+    for k in ("model.embed_tokens.weight", "model.layers.1.self_attn.q_proj.weight", "model.layers.0.input_layernorm.weight"):
+        assert torch.equal(dsd[k], msd[k]), k
+    gate_up = torch.cat([dsd["model.layers.1.mlp.gate_proj.weight"], dsd["model.layers.1.mlp.up_proj.weight"]])
+    assert all(torch.equal(msd["model.layers.1.mlp.experts.gate_up_proj"][e], gate_up) for e in range(4))
+    x = torch.randn(1, 5, 64)
+    with torch.no_grad():  # each MoE block computes the dense MLP at the start
+        got = moe.model.layers[0].mlp(x)
+        got = got[0] if isinstance(got, tuple) else got
+        assert torch.allclose(got, dense.model.layers[0].mlp(x), atol=1e-6)
+    with pytest.raises(ValueError, match="needs a dense Qwen2 model"):
+        upcycle_to_qwen3_moe(moe)
