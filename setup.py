@@ -21,6 +21,11 @@ setup(
         "tqdm>=4.66",
         "matplotlib>=3.8",
         "wandb>=0.17",
+        # Verifiable math reward (pivotrl/rl/rewards.py). math-verify pulls antlr4 4.13, whose
+        # runtime breaks omegaconf's grammar (built for 4.9): keep 4.9.3, which math-verify 0.9.0
+        # also works with (measured: parse/verify and a Hydra compose both run).
+        "math-verify==0.9.0",
+        "antlr4-python3-runtime==4.9.3",
     ],
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6.100"],

@@ -20,11 +20,18 @@ TRANSPORTS: Registry = Registry("cluster.gps.transport", {
 @dataclass
 class GPSConfig:
     """Global Parameter Storage settings. Defaults model a Hopper node (paper §5.1: PCIe 63 GB/s,
-    RDMA 50 GB/s) with a 64 GiB host-memory budget for GPS per node."""
+    RDMA 50 GB/s); the memory budget follows from the node's memory unless set."""
 
-    node_memory_budget_bytes: int = 64 * 2**30
+    node_memory_budget_bytes: int = 0
     """Host memory each node may spend on GPS, over all registered models. Placement picks full
-    replication when every model fits, else the smallest shard group `k` that fits."""
+    replication when every model fits, else the smallest shard group `k` that fits. 0 (default):
+    `node_memory_fraction` of this node's memory (the least of MemTotal, the cgroup limit and the size
+    of `shm_dir`; `pivotrl.gps.placement.node_memory_bytes`), filled in when the config is built. Check
+    the models against it at start with `pivotrl.gps.placement.check_budget`."""
+
+    node_memory_fraction: float = 0.8
+    """Share of the node's memory a derived budget takes (the rest is left to the engines' host-side
+    buffers, Ray's object store and the OS). Ignored when `node_memory_budget_bytes` is set."""
 
     write_headroom_versions: int = 1
     """Extra versions a writable (non-frozen) model may hold during a write (the version being
@@ -70,8 +77,16 @@ class GPSConfig:
     """Most read/write plans kept in the plan cache (least recently used ones are dropped)."""
 
     def __post_init__(self) -> None:
-        if self.node_memory_budget_bytes <= 0:
-            raise ValueError(f"gps.node_memory_budget_bytes must be > 0, got {self.node_memory_budget_bytes}")
+        if not 0 < self.node_memory_fraction <= 1:
+            raise ValueError(f"gps.node_memory_fraction must be in (0, 1], got {self.node_memory_fraction}")
+        if self.node_memory_budget_bytes < 0:
+            raise ValueError(f"gps.node_memory_budget_bytes must be >= 0 (0: derive from the node's memory), "
+                             f"got {self.node_memory_budget_bytes}")
+        if self.node_memory_budget_bytes == 0:
+            from pivotrl.gps.placement import node_memory_bytes
+
+            total, _ = node_memory_bytes(self.shm_dir if self.transport in ("shm", "ray") else None)
+            self.node_memory_budget_bytes = int(total * self.node_memory_fraction)
         if self.write_headroom_versions < 0:
             raise ValueError(f"gps.write_headroom_versions must be >= 0, got {self.write_headroom_versions}")
         for name in ("local_bandwidth_bytes_per_s", "remote_bandwidth_bytes_per_s"):

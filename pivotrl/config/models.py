@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pivotrl.config.base import MISSING, check
-from pivotrl.config.rl import BootstrapConfig
+from pivotrl.config.rl import BootstrapConfig, ChatConfig, JudgeConfig
 from pivotrl.config.sim import PaperAllocation, SimConfig
 
 
@@ -24,8 +24,13 @@ class ModelSpec:
     name: str = MISSING
     """Human-readable model name, e.g. `Qwen2.5-7B`."""
     hf_path: str | None = None
-    """Hugging Face checkpoint of the real runtimes: a local folder or a Hub id found in the local
-    Hugging Face cache; `null` (tiny only) means 'bootstrap it' (`models.bootstrap`)."""
+    """Hugging Face checkpoint for real runtimes: a local folder or a Hub id found in the local
+    Hugging Face cache (`pivotrl.models.resolve.resolve_checkpoint`; never downloaded at run time);
+    `null` (tiny only) means 'bootstrap it' (`models.bootstrap`)."""
+    chat: ChatConfig = field(default_factory=ChatConfig)
+    """This model's own tokenizer and chat template (system prompt, `enable_thinking`)."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """GenRM only (ignored for the policy): judge template, score parser, sampling and length limit."""
     params_total: float = MISSING
     """Total parameters (all experts for MoE)."""
     params_active: float = MISSING

@@ -1,9 +1,11 @@
 """Schemas of the `data` and `reward` groups, and of the tiny models and their SFT bootstrap
 (`models.bootstrap`).
 
-Owns: `DataConfig`, `RewardConfig`, `TinyModelConfig`, `BootstrapConfig` (pure dataclasses, a
-docstring per field, validated in `__post_init__` without changing any value). Imports no torch,
-so `pivotrl.models.tiny` and `pivotrl.models.bootstrap` import these, not the other way round.
+Owns: `DataConfig`, `RewardConfig`, `ChatConfig` and `JudgeConfig` (each model's chat rendering and
+the GenRM's judge settings, fields of `models.<role>` in pivotrl/config/models.py),
+`TinyModelConfig`, `BootstrapConfig` (pure dataclasses, a docstring per field, validated in
+`__post_init__` without changing any value). Imports no torch, so `pivotrl.models.tiny` and
+`pivotrl.models.bootstrap` import these, not the other way round.
 """
 from __future__ import annotations
 
@@ -73,7 +75,9 @@ class RewardConfig:
     genrm_weight: float = 1.0
     """Weight of the GenRM's parsed score; 0 disables the GenRM."""
     answer_extraction: str = "strict"
-    """How the final answer is found: strict (after the last '####') | flexible (last integer)."""
+    """How the final answer is found for data sources without their own grader (`math_dapo` and
+    `math` always use theirs, see pivotrl/rl/rewards.py): strict (the integer after the last '####') |
+    flexible (the last integer)."""
     custom_reward_function: str | None = None
     """Import path 'module:function' (or 'module.function', 'file.py:function') of a verl-style
     compute_score(data_source, solution_str, ground_truth, extra_info); replaces the verifiable reward."""
@@ -97,6 +101,53 @@ class RewardConfig:
             raise ValueError(f"reward.genrm_max_tokens must be >= 1, got {self.genrm_max_tokens}")
         if self.genrm_temperature < 0:
             raise ValueError(f"reward.genrm_temperature must be >= 0, got {self.genrm_temperature}")
+
+
+@dataclass
+class ChatConfig:
+    """How one model's prompts are rendered: its own tokenizer and chat template."""
+
+    tokenizer_path: str | None = None
+    """Tokenizer folder; null: the model checkpoint's own."""
+    chat_template: str | None = None
+    """Jinja chat template replacing the tokenizer's (a template string, or a path to a `.jinja`
+    file); null: the tokenizer's own. A tokenizer without one is an error at start."""
+    system_prompt: str | None = None
+    """System message put first in every conversation; null: none (a judge template may bring its own)."""
+    enable_thinking: bool | None = None
+    """Passed to the chat template as `enable_thinking` (Qwen3-style templates: false pre-fills an
+    empty think block); null: the template's default."""
+
+
+@dataclass
+class JudgeConfig:
+    """The GenRM's judging: prompt template, score parser, and its sampling and length limits."""
+
+    template: str = "score_out_of_10"
+    """Judge prompt template, by name (pivotrl.rl.genrm.JUDGE_TEMPLATES)."""
+    parser: str = "score_out_of_10"
+    """Score parser, by name (pivotrl.rl.genrm.SCORE_PARSERS); `<think>...</think>` is stripped first."""
+    max_tokens: int = 20480
+    """Most tokens the GenRM may write per judgement (paper §8.1: GenRM responses up to 20K)."""
+    temperature: float = 0.0
+    """GenRM sampling temperature (0 = greedy: a judge should be deterministic)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass of the GenRM (1 = off)."""
+
+    def __post_init__(self) -> None:
+        from pivotrl.rl.genrm import JUDGE_TEMPLATES, SCORE_PARSERS  # stdlib-only module
+
+        if self.template not in JUDGE_TEMPLATES:
+            raise ValueError(f"models.genrm.judge.template {self.template!r} is unknown; registered: "
+                             f"{sorted(JUDGE_TEMPLATES)}")
+        if self.parser not in SCORE_PARSERS:
+            raise ValueError(f"models.genrm.judge.parser {self.parser!r} is unknown; registered: {sorted(SCORE_PARSERS)}")
+        if self.max_tokens < 1:
+            raise ValueError(f"models.genrm.judge.max_tokens must be >= 1, got {self.max_tokens}")
+        if not self.temperature >= 0:
+            raise ValueError(f"models.genrm.judge.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"models.genrm.judge.top_p must be in (0, 1], got {self.top_p}")
 
 
 @dataclass

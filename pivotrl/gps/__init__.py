@@ -32,7 +32,10 @@ The API the runtime uses::
   store that pickles into Ray actors; each actor's `read` runs in its own process, mapping its own
   node's shared memory directly and fetching other nodes' bytes through Ray.
 
-Files: layout.py (shapes, layouts, partition rules), placement.py (replicate-first placement),
+Files: families.py (per-architecture tensors and partition rules from config.json), checkpoint.py
+(a checkpoint folder's config and tensor index, its spec), state_dict.py (trainer <-> checkpoint
+names and the store's dtype), layout.py (shapes, layouts, sharding), placement.py (replicate-first
+placement, memory budget),
 planner.py (atomic slices and greedy holder choice), versions.py (version table and leases),
 store.py (read/write execution), transports.py (shm; registry), ray_transport.py, nixl_transport.py,
 hf_io.py (HF import/export), errors.py.

@@ -1,8 +1,11 @@
 """Hugging Face interchange: import a safetensors model directory into GPS, export a version back.
 
-Owns only file formats. The shapes come from the directory's `config.json` (so the layout rules
-match what `transformers` builds); each tensor's dtype comes from the safetensors header and is
-kept as stored (bf16 stays bf16). Import maps the files instead of loading them, so it needs no
+Owns only file formats. Which tensors exist, their shapes and partition rules come from
+`checkpoint.checkpoint_spec` (config.json's family rules held against the safetensors index: a
+partial checkpoint or an architecture without rules stops here, naming the folder); each tensor's
+dtype comes from the safetensors header and is kept as stored (bf16 stays bf16). Names are the
+checkpoint's (MoE experts one tensor per expert, as vLLM loads them; `state_dict.py` converts
+transformers 5's fused in-memory experts). Import maps the files instead of loading them, so it needs no
 second copy of the checkpoint in memory. Export writes `model.safetensors` plus the original
 `config.json` (and tokenizer/generation files when the import directory had them), so
 `transformers.AutoModelForCausalLM.from_pretrained(path)` loads it.
@@ -17,13 +20,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from pivotrl.gps.layout import Layout, ModelSpec, TensorSpec
+from pivotrl.gps.checkpoint import checkpoint_spec, read_config, weight_files
+from pivotrl.gps.layout import Layout
 from pivotrl.gps.planner import Device
 from pivotrl.gps.store import GlobalParameterStore
-from pivotrl.gps.transports import dtype_name
 
 _SIDE_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-               "vocab.json", "merges.txt")
+               "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
 
 
 _ST_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
@@ -60,32 +63,23 @@ def _mapped_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
-    path = Path(path)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {path}")
+    """Every tensor of a folder's weight files (those its index lists, else `*.safetensors`), mapped."""
     out: dict[str, torch.Tensor] = {}
-    for f in files:
+    for f in weight_files(path):
         out.update(_mapped_safetensors(f))
     return out
 
 
 def import_hf(store: GlobalParameterStore, model: str, path: str | Path, *, frozen: bool = False) -> int:
-    """Register `model` from an HF directory and load its weights as version 0."""
+    """Register `model` from an HF directory and load its weights as version 0, in the dtypes the
+    checkpoint stores. Raises before registering anything when the folder is not a checkpoint of a
+    supported architecture or is partial."""
     path = Path(path)
-    cfg_file = path / "config.json"
-    if not cfg_file.exists():
-        raise FileNotFoundError(f"{cfg_file} not found: not a Hugging Face model directory")
-    cfg = json.loads(cfg_file.read_text())
+    cfg = read_config(path)
+    spec = checkpoint_spec(path, cfg)
     sd = read_safetensors_dir(path)
-    if cfg.get("tie_word_embeddings") and "lm_head.weight" in sd:
-        sd.pop("lm_head.weight")  # tied: the embedding is the head, HF does not store it twice
-    shape_spec = ModelSpec.from_config(cfg)
-    # dtypes as stored on disk, shapes as the config says (a mismatch then fails the name/shape check)
-    tensors = tuple(TensorSpec(t.name, t.shape, dtype_name(sd[t.name].dtype) if t.name in sd else t.dtype)
-                    for t in shape_spec.tensors)
-    spec = ModelSpec(tensors, num_layers=shape_spec.num_layers, head_dim=shape_spec.head_dim,
-                     num_experts=shape_spec.num_experts, tie_word_embeddings=shape_spec.tie_word_embeddings)
+    if spec.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)  # tied: the embedding is the head
     v = store.register(model, spec=spec, frozen=frozen, state_dict=sd)
     store.attachments.setdefault(model, {})["hf"] = (cfg, str(path))  # for export: config + tokenizer
     assert v is not None

@@ -1,16 +1,19 @@
-"""Model shapes and parallel layouts over Hugging Face Qwen2 state-dict names (pure: stdlib only).
+"""Model shapes and parallel layouts over Hugging Face state-dict names (pure: stdlib only).
 
-Owns: `TensorSpec`/`ModelSpec` (every tensor's name, shape and dtype, built from a model config
-without materialising weights), `Layout` (DP x TP x PP, plus EP for MoE experts, optional fused QKV
-and gate-up), and `device_shards`, which says which box of which stored tensor each rank holds.
-Knows nothing about where bytes live (see placement.py) or how they move (store.py, transports.py).
+Owns: `TensorSpec`/`ModelSpec` (every tensor's name, shape, dtype and partition `Rule`, built from a
+model config without materialising weights; the per-architecture rules live in families.py),
+`Layout` (DP x TP x PP, plus EP for MoE experts, optional fused QKV and gate-up), and
+`device_shards`, which says which box of which stored tensor each rank holds. Knows nothing about
+where bytes live (see placement.py) or how they move (store.py, transports.py).
 
-Partitioning rules (Megatron/vLLM conventions):
+Partitioning (Megatron/vLLM conventions), as each tensor's `Rule` says:
 - column-parallel (`q/k/v/gate/up_proj`, and the q/k/v biases, which must be split with their
-  weights for TP to compute the same thing): dim 0 split in TP parts; q/k/v in whole heads;
-- row-parallel (`o_proj`, `down_proj`): dim 1 split; their biases (none in Qwen2) are replicated;
+  weights for TP to compute the same thing): dim 0 split in TP parts; q/k/v in whole heads; a fused
+  on-disk `gate_up_proj` (GLM-4) splits each of its two blocks, so a rank holds [gate_r; up_r];
+- row-parallel (`o_proj`, `down_proj`): dim 1 split; their biases are replicated;
 - vocab-parallel (`embed_tokens`, `lm_head`): dim 0 split;
-- replicated: norms, the MoE router (`mlp.gate`) and `shared_expert_gate`;
+- replicated: norms (incl. Qwen3's per-head `q_norm`/`k_norm`), the MoE router (`mlp.gate`) and
+  `shared_expert_gate`;
 - MoE experts: with `ep > 1` each EP rank holds whole experts `[r*E/ep, (r+1)*E/ep)`; with `ep == 1`
   they are TP-split like a dense MLP;
 - PP: layers split into `pp` contiguous stages; embedding on the first stage, final norm and
@@ -18,13 +21,19 @@ Partitioning rules (Megatron/vLLM conventions):
 - fused QKV: rank holds `self_attn.qkv_proj.{weight,bias}` = cat(q_r, k_r, v_r) on dim 0; fused
   gate-up: `mlp.gate_up_proj.weight` = cat(gate_r, up_r) on dim 0 (vLLM names).
 Rank order: TP fastest, then PP, then DP (`rank = (dp*pp_size + pp)*tp_size + tp`).
+
+Dtype contract: a `TensorSpec`'s dtype is the dtype GPS stores and every write must match; a spec
+imported from a checkpoint takes each tensor's dtype from the safetensors header (hf_io.py), so
+GPS keeps the checkpoint's dtype and a trainer publishes in it (`state_dict.to_store`).
 """
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
+
+from pivotrl.gps.families import REP, Rule
 
 DTYPE_BYTES: dict[str, int] = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
@@ -47,11 +56,13 @@ def full_box(shape: tuple[int, ...]) -> Box:
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One stored tensor: HF state-dict name, shape and dtype name (torch name without `torch.`)."""
+    """One stored tensor: HF checkpoint name, shape, dtype name (torch name without `torch.`) and
+    how TP/EP partition it (replicated unless said otherwise: always correct, if not frugal)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
+    rule: Rule = REP
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
@@ -79,6 +90,8 @@ class ModelSpec:
     head_dim: int
     num_experts: int = 0
     tie_word_embeddings: bool = False
+    family: str = ""
+    """Architecture family (families.FAMILIES key) the rules came from; "" for a hand-made spec."""
     _by_name: dict[str, TensorSpec] = field(default_factory=dict, repr=False)
     _shard_cache: dict["Layout", list] = field(default_factory=dict, repr=False)
 
@@ -102,58 +115,26 @@ class ModelSpec:
         return sum(t.nbytes for t in self.tensors)
 
     @classmethod
-    def from_config(cls, cfg: Any, dtype: str | None = None) -> "ModelSpec":
-        """Shapes of a Qwen2 / Qwen2-MoE `ForCausalLM` from a `transformers` config or a dict of
-        its fields (`vocab_size`, `hidden_size`, `intermediate_size`, `num_hidden_layers`,
-        `num_attention_heads`, optional `num_key_value_heads`, `head_dim`, `tie_word_embeddings`,
-        `torch_dtype`; MoE: `num_experts`, `moe_intermediate_size`,
-        `shared_expert_intermediate_size`). No weights are created."""
-        get = (lambda k, d=None: cfg.get(k, d)) if isinstance(cfg, Mapping) else (lambda k, d=None: getattr(cfg, k, d))
-        for req in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
-            if get(req) is None:
-                raise ValueError(f"model config lacks required field {req!r}")
-        V, H, L = int(get("vocab_size")), int(get("hidden_size")), int(get("num_hidden_layers"))
-        nh = int(get("num_attention_heads"))
-        nkv = int(get("num_key_value_heads") or nh)
-        hd = int(get("head_dim") or H // nh)
-        tie = bool(get("tie_word_embeddings", False))
+    def from_config(cls, cfg: Any, dtype: str | None = None, where: str = "model config") -> "ModelSpec":
+        """Shapes and partition rules of a supported `ForCausalLM` (families.py) from a
+        `transformers` config or a dict of its `config.json` fields; tensors get `dtype`, else the
+        config's `torch_dtype`/`dtype`, else bfloat16. No weights are created. Raises
+        UnsupportedArchitectureError naming the architecture when it has no rules."""
+        from pivotrl.gps.families import expected_tensors
+
+        fam, g, entries = expected_tensors(cfg, where)
         if dtype is None:
-            raw = get("torch_dtype") or get("dtype") or "bfloat16"
+            get = cfg.get if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
+            raw = get("torch_dtype", None) or get("dtype", None) or "bfloat16"
             dtype = str(raw).replace("torch.", "")
-        E = int(get("num_experts") or 0)
-        I = int(get("intermediate_size") or 0)
-        t: list[TensorSpec] = [TensorSpec("model.embed_tokens.weight", (V, H), dtype)]
-        for i in range(L):
-            p = f"model.layers.{i}."
-            t += [TensorSpec(p + "input_layernorm.weight", (H,), dtype)]
-            t += [TensorSpec(p + "self_attn.q_proj.weight", (nh * hd, H), dtype),
-                  TensorSpec(p + "self_attn.q_proj.bias", (nh * hd,), dtype),
-                  TensorSpec(p + "self_attn.k_proj.weight", (nkv * hd, H), dtype),
-                  TensorSpec(p + "self_attn.k_proj.bias", (nkv * hd,), dtype),
-                  TensorSpec(p + "self_attn.v_proj.weight", (nkv * hd, H), dtype),
-                  TensorSpec(p + "self_attn.v_proj.bias", (nkv * hd,), dtype),
-                  TensorSpec(p + "self_attn.o_proj.weight", (H, nh * hd), dtype)]
-            t += [TensorSpec(p + "post_attention_layernorm.weight", (H,), dtype)]
-            if E:
-                mi = int(get("moe_intermediate_size"))
-                t += [TensorSpec(p + "mlp.gate.weight", (E, H), dtype)]
-                for e in range(E):
-                    t += _mlp(p + f"mlp.experts.{e}.", H, mi, dtype)
-                si = int(get("shared_expert_intermediate_size") or 0)
-                if si:
-                    t += _mlp(p + "mlp.shared_expert.", H, si, dtype)
-                    t += [TensorSpec(p + "mlp.shared_expert_gate.weight", (1, H), dtype)]
-            else:
-                t += _mlp(p + "mlp.", H, I, dtype)
-        t += [TensorSpec("model.norm.weight", (H,), dtype)]
-        if not tie:
-            t += [TensorSpec("lm_head.weight", (V, H), dtype)]
-        return cls(tuple(t), num_layers=L, head_dim=hd, num_experts=E, tie_word_embeddings=tie)
+        return cls.from_entries(entries, g, fam.name, {n: dtype for n, _, _ in entries})
 
-
-def _mlp(p: str, H: int, I: int, dtype: str) -> list[TensorSpec]:
-    return [TensorSpec(p + "gate_proj.weight", (I, H), dtype), TensorSpec(p + "up_proj.weight", (I, H), dtype),
-            TensorSpec(p + "down_proj.weight", (H, I), dtype)]
+    @classmethod
+    def from_entries(cls, entries: list, geometry: Any, family: str, dtypes: dict[str, str]) -> "ModelSpec":
+        """A spec from families.py entries `(name, shape, rule)` with one dtype per tensor."""
+        tensors = tuple(TensorSpec(n, tuple(s), dtypes[n], r) for n, s, r in entries)
+        return cls(tensors, num_layers=geometry.num_layers, head_dim=geometry.head_dim,
+                   num_experts=geometry.num_experts, tie_word_embeddings=geometry.tie_word_embeddings, family=family)
 
 
 @dataclass(frozen=True)
@@ -202,24 +183,6 @@ class LocalTensor(NamedTuple):
 
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
-_EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.")
-# suffix -> (kind, dim); kinds: col, row, vocab, rep
-_RULES = (
-    ("self_attn.q_proj.", "col", 0), ("self_attn.k_proj.", "col", 0), ("self_attn.v_proj.", "col", 0),
-    ("self_attn.o_proj.weight", "row", 1), ("gate_proj.weight", "col", 0), ("up_proj.weight", "col", 0),
-    ("down_proj.weight", "row", 1), ("embed_tokens.weight", "vocab", 0), ("lm_head.weight", "vocab", 0),
-)
-
-
-def partition_rule(name: str) -> tuple[str, int]:
-    """(kind, split dim) of a stored tensor; unknown names (norms, router, biases of row-parallel
-    layers) are replicated, which is always correct if not the most memory-frugal."""
-    for suffix, kind, dim in _RULES:
-        if suffix in name:
-            return kind, dim
-    return "rep", -1
-
-
 def _stage_of_layers(L: int, pp: int) -> list[int]:
     bounds = [s * L // pp for s in range(pp + 1)]
     return [s for s in range(pp) for _ in range(bounds[s], bounds[s + 1])]
@@ -236,14 +199,14 @@ def validate_layout(spec: ModelSpec, layout: Layout) -> None:
             raise ValueError(f"layout.ep={layout.ep} does not divide num_experts={spec.num_experts}")
     tp = layout.tp
     for t in spec.tensors:
-        kind, dim = partition_rule(t.name)
-        if kind == "rep" or tp == 1 or (layout.ep > 1 and _EXPERT.search(t.name)):
+        r = t.rule
+        if r.kind == "rep" or tp == 1 or (layout.ep > 1 and r.expert >= 0):
             continue
-        unit = spec.head_dim if "self_attn" in t.name else 1
-        if t.shape[dim] % (unit * tp):
-            what = f" = {t.shape[dim] // unit} heads of {unit}" if unit > 1 else ""
-            raise ValueError(f"layout tp={tp} does not divide dim {dim} of {t.name} "
-                             f"(size {t.shape[dim]}{what})")
+        if t.shape[r.dim] % (r.unit * r.blocks * tp):
+            what = f" = {t.shape[r.dim] // r.unit} heads of {r.unit}" if r.unit > 1 else ""
+            what += f" in {r.blocks} blocks" if r.blocks > 1 else ""
+            raise ValueError(f"layout tp={tp} does not divide dim {r.dim} of {t.name} "
+                             f"(size {t.shape[r.dim]}{what})")
 
 
 def device_shards(spec: ModelSpec, layout: Layout) -> list[tuple[LocalTensor, ...]]:
@@ -283,22 +246,19 @@ def _rank_tensors(spec: ModelSpec, layout: Layout, stage: int, tp_rank: int, ep_
                 continue
         elif stage != last:
             continue
-        kind, dim = partition_rule(t.name)
-        em = _EXPERT.search(t.name)
-        if em and per_ep:
-            if int(em.group(1)) // per_ep != ep_rank:
+        rule = t.rule
+        kind = rule.kind
+        if rule.expert >= 0 and per_ep:
+            if rule.expert // per_ep != ep_rank:
                 continue
             kind = "rep"
-        box = list(full_box(t.shape))
-        if kind != "rep" and layout.tp > 1:
-            step = t.shape[dim] // layout.tp
-            box[dim] = (tp_rank * step, (tp_rank + 1) * step)
-        src_box = tuple(box)
-        local_shape = tuple(b - a for a, b in src_box)
+        pieces_of_t = _pieces(t, kind, layout.tp, tp_rank)
+        local_shape = _local_shape(t, pieces_of_t)
         fname = _fused_name(t.name, layout)
         if fname is None:
-            result.append(LocalTensor(t.name, local_shape, t.dtype, (Piece(t.name, src_box, full_box(local_shape)),)))
+            result.append(LocalTensor(t.name, local_shape, t.dtype, pieces_of_t))
             continue
+        src_box = pieces_of_t[0].src_box
         if fname not in fused:
             fused[fname] = []
             fused_meta[fname] = (len(result), t.dtype, list(local_shape[1:]))
@@ -314,6 +274,29 @@ def _rank_tensors(spec: ModelSpec, layout: Layout, stage: int, tp_rank: int, ep_
     return tuple(result)
 
 
+def _pieces(t: TensorSpec, kind: str, tp: int, tp_rank: int) -> tuple[Piece, ...]:
+    """The rank's slice of `t` as pieces of its local tensor: one piece, or one per block of a
+    block-split dim (rank r holds part r of every block, side by side)."""
+    if kind == "rep" or tp == 1:
+        return (Piece(t.name, full_box(t.shape), full_box(t.shape)),)
+    d, blocks = t.rule.dim, t.rule.blocks
+    block = t.shape[d] // blocks
+    step = block // tp
+    local = list(t.shape)
+    local[d] = step * blocks
+    out = []
+    for b in range(blocks):
+        src, dst = list(full_box(t.shape)), list(full_box(tuple(local)))
+        src[d] = (b * block + tp_rank * step, b * block + (tp_rank + 1) * step)
+        dst[d] = (b * step, (b + 1) * step)
+        out.append(Piece(t.name, tuple(src), tuple(dst)))
+    return tuple(out)
+
+
+def _local_shape(t: TensorSpec, pieces: tuple[Piece, ...]) -> tuple[int, ...]:
+    return tuple(max(p.dst_box[i][1] for p in pieces) for i in range(len(t.shape)))
+
+
 def _fused_name(name: str, layout: Layout) -> str | None:
     if layout.fused_qkv:
         for x in ("q_proj", "k_proj", "v_proj"):
@@ -324,3 +307,23 @@ def _fused_name(name: str, layout: Layout) -> str | None:
             if f".{x}.weight" in name:
                 return name.replace(f".{x}.", ".gate_up_proj.")
     return None
+
+
+def allowed_tp(spec: ModelSpec, max_tp: int = 64) -> list[int]:
+    """Every TP degree up to `max_tp` that partitions `spec` (each split dim divisible in whole units)."""
+    out = []
+    for tp in range(1, max_tp + 1):
+        try:
+            validate_layout(spec, Layout(tp=tp))
+        except ValueError:
+            continue
+        out.append(tp)
+    return out
+
+
+def check_tp(spec: ModelSpec, tp: int, where: str = "models.policy.tp") -> None:
+    """Raise ValueError naming `where`, the tensor that does not split and the TP degrees that do."""
+    try:
+        validate_layout(spec, Layout(tp=tp))
+    except ValueError as e:
+        raise ValueError(f"{where}={tp}: {e}; allowed for this model: {allowed_tp(spec)}") from None

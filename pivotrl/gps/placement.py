@@ -90,3 +90,63 @@ def choose_placement(spec: ModelSpec, num_nodes: int, free_bytes_per_node: int, 
     raise BudgetError(
         f"gps.node_memory_budget_bytes too small: the model needs {need} bytes per node even fully "
         f"sharded over {num_nodes} nodes ({copies} version(s)), but only {free_bytes_per_node} are free")
+
+
+def node_memory_bytes(shm_dir: str | None = None) -> tuple[int, str]:
+    """(bytes, how it was found) of memory one GPS node can hold: the smallest of the machine's
+    `MemTotal`, its cgroup memory limit, and the size of `shm_dir` (GPS buffers are files there,
+    and a container's `/dev/shm` is often far smaller than its RAM)."""
+    import os
+
+    found: list[tuple[int, str]] = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    found.append((int(line.split()[1]) * 1024, "MemTotal in /proc/meminfo"))
+    except OSError:
+        pass
+    for cg in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            raw = open(cg).read().strip()
+        except OSError:
+            continue
+        if raw.isdigit() and int(raw) < 1 << 60:
+            found.append((int(raw), f"cgroup limit {cg}"))
+    if shm_dir:
+        try:
+            st = os.statvfs(shm_dir)
+            found.append((st.f_blocks * st.f_frsize, f"size of {shm_dir}"))
+        except OSError:
+            pass
+    if not found:
+        raise BudgetError("cannot tell this node's memory (no /proc/meminfo): set gps.node_memory_budget_bytes")
+    return min(found)
+
+
+def models_need_bytes(models: list[tuple[str, ModelSpec, bool]], num_nodes: int, headroom_versions: int,
+                      alignment: int) -> tuple[int, int]:
+    """(bytes per node fully replicated, bytes per node fully sharded over `num_nodes`) that GPS
+    needs for `models` = [(name, spec, frozen)]: frozen models one version, writable ones
+    `1 + headroom_versions` (the version being written while readers hold the old one)."""
+    full = sharded = 0
+    for _, spec, frozen in models:
+        copies = 1 if frozen else 1 + headroom_versions
+        full += node_bytes(spec, 1, alignment) * copies
+        sharded += node_bytes(spec, num_nodes, alignment) * copies
+    return full, sharded
+
+
+def check_budget(budget_per_node: int, models: list[tuple[str, ModelSpec, bool]], num_nodes: int,
+                 headroom_versions: int, alignment: int, where: str = "gps.node_memory_budget_bytes") -> int:
+    """Raise BudgetError naming both numbers when `models` cannot fit `budget_per_node` even fully
+    sharded; return the per-node bytes they will take (replicated where the budget allows)."""
+    full, sharded = models_need_bytes(models, num_nodes, headroom_versions, alignment)
+    if sharded > budget_per_node:
+        what = ", ".join(f"{n} {s.nbytes / 2**30:.2f} GiB ({'frozen' if f else f'{1 + headroom_versions} versions'})"
+                         for n, s, f in models)
+        raise BudgetError(
+            f"{where}: GPS needs {sharded} bytes ({sharded / 2**30:.2f} GiB) per node for {what} even sharded "
+            f"over {num_nodes} node(s), but the budget is {budget_per_node} bytes ({budget_per_node / 2**30:.2f} GiB); "
+            f"add nodes or memory, or lower gps.write_headroom_versions")
+    return full if full <= budget_per_node else sharded

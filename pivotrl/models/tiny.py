@@ -66,15 +66,16 @@ def qwen2_config(cfg: TinyModelConfig) -> Qwen2Config:
     )
 
 
-def save_model_folder(model: PreTrainedModel, path: str | Path, dtype: str = "float32") -> Path:
-    """Save `model` + tokenizer + generation config to `path` atomically (tmp folder, then rename),
-    so a crash never leaves a half-written folder that a later run mistakes for a good one."""
+def save_model_folder(model: PreTrainedModel, path: str | Path, dtype: str = "float32", tokenizer=None) -> Path:
+    """Save `model` + tokenizer (`build_tokenizer()` unless given) + generation config to `path`
+    atomically (tmp folder, then rename), so a crash never leaves a half-written folder that a later
+    run mistakes for a good one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
         model.to(_DTYPES[dtype]).save_pretrained(str(tmp), safe_serialization=True)
-        tok = build_tokenizer()
+        tok = tokenizer if tokenizer is not None else build_tokenizer()
         tok.save_pretrained(str(tmp))
         GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                          bos_token_id=tok.eos_token_id, do_sample=True, temperature=1.0,

@@ -1,12 +1,25 @@
-"""GenRM judging: the judge prompt, the reference judgement the bootstrap teaches, and score parsers.
+"""GenRM judging: judge prompt templates, the reference judgement the bootstrap teaches, score parsers.
 
-Owns: how a (prompt, response) pair becomes the GenRM's chat messages, what a well-formed
-judgement looks like (`check: <equation>` then `score: <0..1>`), and turning GenRM output text into
-a score. Knows nothing about engines: callers generate the judgement text and hand it here.
+Owns: how a (prompt, response) pair becomes the GenRM's chat messages (`JUDGE_TEMPLATES`, by name:
+`models.genrm.judge.template`), what the tiny GenRM's judgement looks like (`check: <equation>` then
+`score: <0..1>`), and turning GenRM output text into a score (`SCORE_PARSERS`, by name:
+`models.genrm.judge.parser`). Rendering the messages with the GenRM's own tokenizer and chat
+template is `judge_prompt` (through pivotrl/rl/chat.py). Imports only the standard library (the
+config validates names against these registries). Knows nothing about engines: callers generate
+the judgement text and hand it here.
 
-Parsers are registered by name (`SCORE_PARSERS`; the config string `reward.genrm_parser` picks
-one). A parse failure is never fatal: it scores 0, is counted in a `ParseStats` (the module-level
-`PARSE_STATS` unless the caller passes its own) and logged at WARNING level.
+Before any parser runs, `<think>...</think>` is stripped (everything up to the last `</think>`; a
+think block that never closes is a failure: the judge ran out of tokens before its verdict). Only
+ASCII digits are numbers (`score: １` is a failure, issue 12). A parse failure is never fatal: it
+scores 0, is counted in a `ParseStats` (the module-level `PARSE_STATS` unless the caller passes its
+own) and logged at WARNING level.
+
+Parsers (all scores end in [0, 1]):
+- `score_line` / `last_score_line`: the tiny GenRM's `score: x`, x in [0, 1] (see Decisions);
+- `score_out_of_10`: the last `Score: x/10` (x in [0, 10], any case, optional `**` markdown) -> x/10;
+- `boxed`: the last `\boxed{x}`, x in [0, 1]; `boxed_10`: the last `\boxed{x}`, x in [0, 10] -> x/10;
+- `yes_no`: the final verdict: the last `verdict:`/`final answer:`/`answer:`/`\boxed{}` naming yes or
+  no (also correct/incorrect), or a last line that is just yes/no -> 1/0.
 
 Decisions (the spec is silent):
 - `score_line` (default) is strict: exactly one line `score: <number>`; the number must lie in
@@ -14,6 +27,9 @@ Decisions (the spec is silent):
   contradicts itself is not a judgement; an out-of-range score is a failure, not clipped, because
   it signals a broken judge rather than a confident one.
 - `last_score_line` is lenient: the last line that parses as an in-range score wins.
+- The real-judge parsers take the LAST candidate: reasoning judges quote rubric lines ("a score of
+  10/10 means ...") before they conclude. An out-of-range last candidate is a failure, not a reason
+  to fall back to an earlier one.
 """
 from __future__ import annotations
 
@@ -23,7 +39,7 @@ import re
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +47,8 @@ log = logging.getLogger(__name__)
 JUDGE_TEMPLATE = "Q: {question}\nA: {response}\nCheck A."
 
 # A score token: an integer or a decimal with digits after the point ("0." is a truncated "0.9").
-_NUMBER = r"[-+]?(?:\d+(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?"
+# [0-9], not \d: \d matches every Unicode digit ("１", "٣"), and float() accepts them too.
+_NUMBER = r"[-+]?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
 _SCORE_LINE = re.compile(rf"^\s*score\s*:\s*(?P<value>{_NUMBER}|nan|inf|-inf)\s*$", re.IGNORECASE)
 _SCORE_PREFIX = re.compile(r"^\s*score\s*:", re.IGNORECASE)
 
@@ -42,6 +59,68 @@ def judge_messages(prompt: list[dict[str, str]], response: str, template: str = 
     if not users:
         raise ValueError("judge_messages: prompt has no message with role 'user'")
     return [{"role": "user", "content": template.format(question=users[-1], response=response.strip())}]
+
+
+@dataclass(frozen=True)
+class JudgeTemplate:
+    """A judge prompt: an optional system message and a user message with `{question}` and
+    `{response}` fields; `parser` names the parser whose format the prompt asks for."""
+
+    user: str
+    parser: str
+    system: str | None = None
+
+
+_RUBRIC = ("You are a strict grader of math solutions. Read the problem and the candidate solution, check "
+           "the reasoning and the final answer step by step, then give your verdict.")
+JUDGE_TEMPLATES: dict[str, JudgeTemplate] = {
+    "tiny": JudgeTemplate(JUDGE_TEMPLATE, parser="score_line"),
+    "score_out_of_10": JudgeTemplate(
+        "Problem:\n{question}\n\nCandidate solution:\n{response}\n\nEvaluate the solution's correctness. "
+        "End with one line of the form 'Score: X/10', where X is an integer from 0 (wrong) to 10 (fully correct).",
+        parser="score_out_of_10", system=_RUBRIC),
+    "boxed": JudgeTemplate(
+        "Problem:\n{question}\n\nCandidate solution:\n{response}\n\nHow likely is the solution correct? "
+        "Put a number between 0 and 1 in \\boxed{{}} at the end, e.g. \\boxed{{0.8}}.",
+        parser="boxed", system=_RUBRIC),
+    "yes_no": JudgeTemplate(
+        "Problem:\n{question}\n\nCandidate solution:\n{response}\n\nIs the final answer correct? "
+        "Finish with 'Verdict: Yes' or 'Verdict: No'.",
+        parser="yes_no", system=_RUBRIC),
+}
+"""Judge prompt templates by name (`models.genrm.judge.template`)."""
+
+
+def get_judge_template(name: str) -> JudgeTemplate:
+    try:
+        return JUDGE_TEMPLATES[name]
+    except KeyError:
+        raise ValueError(f"unknown GenRM judge template {name!r}; registered: {sorted(JUDGE_TEMPLATES)}") from None
+
+
+def judge_conversation(prompt: list[dict[str, str]], response: str, template: str,
+                       system_prompt: str | None = None) -> list[dict[str, str]]:
+    """Chat messages for the judge template named `template`: a system message (`system_prompt`,
+    else the template's own, else none) and the user turn with the last user turn of `prompt` as the
+    question and `response` (its own `<think>` block removed: the judge grades the answer, not the
+    policy's scratchpad) as the candidate."""
+    t = get_judge_template(template)
+    if t.user == JUDGE_TEMPLATE:
+        msgs = judge_messages(prompt, response, t.user)
+    else:
+        msgs = judge_messages(prompt, strip_thinking(response)[0], t.user)
+    system = system_prompt if system_prompt is not None else t.system
+    return ([{"role": "system", "content": system}] if system else []) + msgs
+
+
+def judge_prompt(tokenizer: Any, prompt: list[dict[str, str]], response: str, judge: Any, chat: Any) -> list[int]:
+    """Token ids of the GenRM's judge prompt, rendered with the GenRM's own tokenizer and chat
+    template: `judge` is a JudgeConfig (template name), `chat` the GenRM's ChatConfig (system prompt,
+    `enable_thinking`, template override)."""
+    from pivotrl.rl.chat import render_chat
+
+    msgs = judge_conversation(prompt, response, judge.template, getattr(chat, "system_prompt", None))
+    return render_chat(tokenizer, msgs, chat, where="models.genrm.chat", add_system=False)
 
 
 def reference_judgement(equation: str, score: float, response_answer: str | None = None) -> str:
@@ -168,12 +247,103 @@ def parse_last_score_line(text: str) -> ParsedScore:
     return last_failure
 
 
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+
+
+def strip_thinking(text: str) -> tuple[str, bool]:
+    """(text after the last `</think>`, ok). With no think tags the text is unchanged; an opened
+    `<think>` that never closes gives ("", False): the verdict was never written."""
+    close = text.rfind(_THINK_CLOSE)
+    if close >= 0:
+        return text[close + len(_THINK_CLOSE):], True
+    if _THINK_OPEN in text:
+        return "", False
+    return text, True
+
+
+_OUT_OF_10 = re.compile(rf"score\s*[:=]?\s*\**\s*(?P<value>{_NUMBER})\s*\**\s*/\s*10(?![0-9])", re.IGNORECASE)
+_BOXED = re.compile(r"\\boxed\s*\{")
+
+
+def _boxed_contents(text: str) -> list[str]:
+    """Contents of every `\\boxed{...}` (balanced braces), in order."""
+    out = []
+    for m in _BOXED.finditer(text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:
+            out.append(text[m.end():i - 1])
+    return out
+
+
+def _ranged(raw: str, scale: float) -> ParsedScore:
+    """A number in [0, scale] scaled to [0, 1]; ASCII digits only."""
+    if not re.fullmatch(_NUMBER, raw.strip()):
+        return ParsedScore(0.0, False, "not a number")
+    v = float(raw)
+    if math.isnan(v) or math.isinf(v):
+        return ParsedScore(0.0, False, "not finite")
+    if not 0.0 <= v <= scale:
+        return ParsedScore(0.0, False, "out of range")
+    return ParsedScore(v / scale, True)
+
+
+@register_score_parser("score_out_of_10")
+def parse_score_out_of_10(text: str) -> ParsedScore:
+    """The last `Score: x/10`, x in [0, 10], scaled to [0, 1]."""
+    found = _OUT_OF_10.findall(text)
+    if not found:
+        return ParsedScore(0.0, False, "no 'Score: x/10'")
+    return _ranged(found[-1], 10.0)
+
+
+@register_score_parser("boxed")
+def parse_boxed(text: str) -> ParsedScore:
+    """The last `\\boxed{x}`, x in [0, 1]."""
+    found = _boxed_contents(text)
+    return _ranged(found[-1], 1.0) if found else ParsedScore(0.0, False, "no \\boxed{}")
+
+
+@register_score_parser("boxed_10")
+def parse_boxed_10(text: str) -> ParsedScore:
+    """The last `\\boxed{x}`, x in [0, 10], scaled to [0, 1]."""
+    found = _boxed_contents(text)
+    return _ranged(found[-1], 10.0) if found else ParsedScore(0.0, False, "no \\boxed{}")
+
+
+_VERDICT_WORDS = {"yes": 1.0, "no": 0.0, "correct": 1.0, "incorrect": 0.0, "true": 1.0, "false": 0.0}
+_VERDICT = re.compile(r"(?:verdict|final answer|answer|judgement|judgment)\s*(?:is)?\s*[:=]?\s*\**\s*"
+                      r"(?P<word>yes|no|correct|incorrect|true|false)\b", re.IGNORECASE)
+_BARE = re.compile(r"^\W*(?P<word>yes|no|correct|incorrect)\W*$", re.IGNORECASE)
+
+
+@register_score_parser("yes_no")
+def parse_yes_no(text: str) -> ParsedScore:
+    """The final verdict (module docstring): 1 for yes/correct, 0 for no/incorrect."""
+    cands: list[tuple[int, str]] = [(m.start(), m.group("word")) for m in _VERDICT.finditer(text)]
+    for m in _BOXED.finditer(text):
+        inner = _boxed_contents(text[m.start():])[:1]
+        word = re.sub(r"\\text\{(.*)\}", r"\1", inner[0]).strip().lower() if inner else ""
+        if word in _VERDICT_WORDS:
+            cands.append((m.start(), word))
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    if lines and _BARE.match(lines[-1]):
+        cands.append((len(text), _BARE.match(lines[-1]).group("word")))
+    if not cands:
+        return ParsedScore(0.0, False, "no verdict")
+    return ParsedScore(_VERDICT_WORDS[max(cands)[1].lower()], True)
+
+
 def parse_score(text: str, parser: str = "score_line", stats: ParseStats | None = None) -> ParsedScore:
-    """Parse GenRM output with the named parser; count it and log a failure; never raise on bad text."""
+    """Parse GenRM output with the named parser, after stripping `<think>...</think>`; count it and
+    log a failure; never raise on bad text."""
     if not isinstance(text, str):
         parsed = ParsedScore(0.0, False, f"not text ({type(text).__name__})")
     else:
-        parsed = get_score_parser(parser)(text)
+        body, ok = strip_thinking(text)
+        parsed = get_score_parser(parser)(body) if ok else ParsedScore(0.0, False, "think block never closed")
     (stats if stats is not None else PARSE_STATS).record(parsed)
     if not parsed.ok:
         # The first few failures at WARNING, then every 100th, so a broken judge is visible without

@@ -5,7 +5,20 @@ resolving a user's `compute_score(data_source, solution_str, ground_truth, extra
 import path, and combining the verifiable score with a GenRM score. Knows nothing about engines:
 the GenRM text comes in already generated (see `pivotrl.rl.genrm` for the judge prompt/parsers).
 
-Answer extraction (`reward.answer_extraction`):
+Math data sources (verl's `data_source` names), graded as verl's graders extract, then compared by
+`math-verify` (so `\\frac{1}{2}` equals 0.5 and `x = 3` equals 3):
+- `math_dapo` (DAPO-Math-17k) and `aime*`: the rest of the line after the LAST "Answer:" (verl's
+  `math_dapo.py`); no "Answer:" -> wrong;
+- `math`, `lighteval/MATH`, `DigitalLearningGmbH/MATH-lighteval`, `HuggingFaceH4/MATH-500`: the
+  LAST `\\boxed{...}` (balanced braces; `\\fbox{}` too); none -> wrong.
+Extraction comes first because math-verify alone takes the last number anywhere ("m+n = 35, not 34"
+would count for 34). The extracted answer is parsed as one LaTeX expression (`$answer$`), so an
+answer line that says "35, not 34" is the set {35, not 34}, not 34. Scores are 1.0 / 0.0 (verl's
+DAPO grader gives -1 for wrong: scale with `reward.verifiable_weight` and a custom function if you
+want that). math-verify's own timeouts use SIGALRM, which only works in a main thread; elsewhere
+they are off and the answer length is capped (`MAX_ANSWER_CHARS`) instead.
+
+Other data sources (the synthetic task, GSM8K), by `reward.answer_extraction`:
 - `strict` (default): the integer after the last `####` (verl's GSM8K convention); none -> wrong.
 - `flexible`: the last integer anywhere in the response.
 """
@@ -14,17 +27,28 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import logging
 import re
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from pivotrl.config.rl import RewardConfig
+from pivotrl.config.rl import JudgeConfig, RewardConfig
 from pivotrl.rl.genrm import ParseStats, get_score_parser, parse_score
 
-_STRICT = re.compile(r"####\s*([-+]?[\d,]*\d)")
-_INTEGER = re.compile(r"[-+]?\d[\d,]*")
+_STRICT = re.compile(r"####\s*([-+]?[0-9,]*[0-9])")
+_INTEGER = re.compile(r"[-+]?[0-9][0-9,]*")
+_ANSWER_LINE = re.compile(r"Answer\s*:\s*(?P<ans>[^\n]*)", re.IGNORECASE)
+_BOXED_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_NUMBER_TOKEN = re.compile(r"[-+]?[0-9]+(?:\.[0-9]+)?")
+
+#: Longest extracted answer handed to math-verify (verl's DAPO grader looks at the last 300 chars).
+MAX_ANSWER_CHARS = 300
+DAPO_SOURCES = ("math_dapo",)
+DAPO_PREFIXES = ("aime",)
+BOXED_SOURCES = ("math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
 
 EXTRACTORS = ("strict", "flexible")
 
@@ -58,9 +82,76 @@ def verifiable_score(solution_str: str, ground_truth: str | int, method: str = "
     return 1.0 if answer is not None and answer == _normalise(str(ground_truth)) else 0.0
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
-    """Default verifiable reward with verl's `compute_score` signature (strict extraction)."""
-    return verifiable_score(solution_str, ground_truth, "strict")
+def extract_after_answer(text: str) -> str | None:
+    """The rest of the line after the last "Answer:" (verl's math_dapo), or None."""
+    found = _ANSWER_LINE.findall(text)
+    if not found:
+        return None
+    ans = found[-1].strip().rstrip(".").strip()
+    return ans.strip("$").strip() or None
+
+
+def extract_last_boxed(text: str) -> str | None:
+    """The contents of the last `\\boxed{...}` / `\\fbox{...}` (balanced braces), or None."""
+    starts = list(_BOXED_START.finditer(text))
+    for m in reversed(starts):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:
+            return text[m.end():i - 1].strip() or None
+    return None
+
+
+def _mv_parse(s: str, timeout: int | None) -> list:
+    from math_verify import parse
+
+    got = parse(f"${s}$", parsing_timeout=timeout)
+    if not got and len(_NUMBER_TOKEN.findall(s)) == 1:  # e.g. "5 dollars": one number, safe to take
+        got = parse(s, parsing_timeout=timeout)
+    return got
+
+
+def math_equal(answer: str, ground_truth: str) -> bool:
+    """Whether an extracted answer equals the ground truth by math-verify (module docstring)."""
+    from math_verify import verify
+
+    if len(answer) > MAX_ANSWER_CHARS:
+        return False
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns on every call without a timeout
+    gold, pred = _mv_parse(str(ground_truth).strip(), timeout), _mv_parse(answer, timeout)
+    if not gold or not pred:
+        return False
+    return bool(verify(gold, pred, timeout_seconds=timeout))
+
+
+def grader_of(data_source: str) -> str:
+    """`dapo`, `boxed` or `default` (the `reward.answer_extraction` rule) for a verl data source."""
+    ds = str(data_source)
+    if ds in DAPO_SOURCES or ds.lower().startswith(DAPO_PREFIXES):
+        return "dapo"
+    if ds in BOXED_SOURCES:
+        return "boxed"
+    return "default"
+
+
+def math_score(data_source: str, solution_str: str, ground_truth: str) -> float | None:
+    """1.0/0.0 for a math data source (module docstring); None for other sources."""
+    kind = grader_of(data_source)
+    if kind == "default":
+        return None
+    answer = extract_after_answer(solution_str) if kind == "dapo" else extract_last_boxed(solution_str)
+    return 1.0 if answer is not None and math_equal(answer, ground_truth) else 0.0
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+                  answer_extraction: str = "strict") -> float:
+    """Default verifiable reward with verl's `compute_score` signature: the math graders for math
+    data sources, else the `####` (strict) or last-integer (flexible) rule."""
+    got = math_score(data_source, solution_str, ground_truth)
+    return got if got is not None else verifiable_score(solution_str, ground_truth, answer_extraction)
 
 
 def load_reward_function(path: str) -> ComputeScore:
@@ -131,15 +222,18 @@ class RewardBreakdown:
 
 
 class RewardFunction:
-    """R = verifiable_weight * R_verifiable + genrm_weight * R_genrm, per `RewardConfig`."""
+    """R = verifiable_weight * R_verifiable + genrm_weight * R_genrm, per `RewardConfig`. The GenRM
+    parser is `judge.parser` when a JudgeConfig (`models.genrm.judge`) is given, else
+    `reward.genrm_parser`."""
 
-    def __init__(self, cfg: RewardConfig, stats: ParseStats | None = None) -> None:
+    def __init__(self, cfg: RewardConfig, stats: ParseStats | None = None, judge: JudgeConfig | None = None) -> None:
         cfg.validate()
         self.cfg = cfg
         self.stats = stats if stats is not None else ParseStats()
         self._custom = (load_reward_function(cfg.custom_reward_function)
                         if cfg.custom_reward_function is not None else None)
-        get_score_parser(cfg.genrm_parser)  # fail at start, not at the first judgement
+        self.parser = judge.parser if judge is not None else cfg.genrm_parser
+        get_score_parser(self.parser)  # fail at start, not at the first judgement
 
     @property
     def uses_genrm(self) -> bool:
@@ -150,7 +244,7 @@ class RewardFunction:
         if self._custom is not None:
             return _as_float(self._custom(data_source, solution_str, ground_truth, extra_info or {}),
                              f"custom reward function {self.cfg.custom_reward_function!r}")
-        return verifiable_score(solution_str, ground_truth, self.cfg.answer_extraction)
+        return compute_score(data_source, solution_str, ground_truth, extra_info, self.cfg.answer_extraction)
 
     def __call__(self, data_source: str, solution_str: str, ground_truth: str,
                  extra_info: dict | None = None, genrm_text: str | None = None) -> RewardBreakdown:
@@ -159,7 +253,7 @@ class RewardFunction:
         if self.uses_genrm:
             if genrm_text is None:
                 raise ValueError("reward.genrm_weight != 0 but no GenRM output was given for the sample")
-            parsed = parse_score(genrm_text, self.cfg.genrm_parser, self.stats)
+            parsed = parse_score(genrm_text, self.parser, self.stats)
             rg, ok = parsed.score, parsed.ok
         total = self.cfg.verifiable_weight * rv + self.cfg.genrm_weight * rg
         return RewardBreakdown(total=total, verifiable=rv, genrm=rg, genrm_ok=ok)

