@@ -14,8 +14,6 @@ import importlib
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Generic, TypeVar
 
-from pivotrl.config.base import ConfigError
-
 T = TypeVar("T")
 
 
@@ -45,13 +43,17 @@ class Registry(Mapping[str, T], Generic[T]):
     def check(self, name: Any) -> None:
         """Raise `ConfigError` unless the config may name `name`."""
         if name not in self._entries and name not in self.aliases:
+            # imported here: the config package's modules hold registries, so importing it at the
+            # top would run `pivotrl.config`'s __init__ while this module is half-built
+            from pivotrl.config.base import ConfigError
+
             path, _, field = self.config_key.rpartition(".")
             raise ConfigError(field, " | ".join(self.names()), name, path)
 
     def __getitem__(self, name: str) -> T:
         self.check(name)
         if name not in self._entries:
-            raise ConfigError(self.config_key, f"a registered name, not the alias {name!r}", name)
+            raise KeyError(f"{self.config_key}: {name!r} is an alias; resolve it to a registered name first")
         entry = self._entries[name]
         if isinstance(entry, str) and ":" in entry:
             module, attr = entry.split(":", 1)

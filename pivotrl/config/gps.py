@@ -26,8 +26,9 @@ class GPSConfig:
     """Host memory each node may spend on GPS, over all registered models. Placement picks full
     replication when every model fits, else the smallest shard group `k` that fits. 0 (default):
     `node_memory_fraction` of this node's memory (the least of MemTotal, the cgroup limit and the size
-    of `shm_dir`; `pivotrl.gps.placement.node_memory_bytes`), filled in when the config is built. Check
-    the models against it at start with `pivotrl.gps.placement.check_budget`."""
+    of `shm_dir`; `pivotrl.gps.placement.node_memory_bytes`), derived where GPS is built
+    (`placement.budget_bytes`; the config itself is never changed). The real runtimes check the
+    models against it at start (`pivotrl.gps.placement.check_budget`)."""
 
     node_memory_fraction: float = 0.8
     """Share of the node's memory a derived budget takes (the rest is left to the engines' host-side
@@ -82,11 +83,6 @@ class GPSConfig:
         if self.node_memory_budget_bytes < 0:
             raise ValueError(f"gps.node_memory_budget_bytes must be >= 0 (0: derive from the node's memory), "
                              f"got {self.node_memory_budget_bytes}")
-        if self.node_memory_budget_bytes == 0:
-            from pivotrl.gps.placement import node_memory_bytes
-
-            total, _ = node_memory_bytes(self.shm_dir if self.transport in ("shm", "ray") else None)
-            self.node_memory_budget_bytes = int(total * self.node_memory_fraction)
         if self.write_headroom_versions < 0:
             raise ValueError(f"gps.write_headroom_versions must be >= 0, got {self.write_headroom_versions}")
         for name in ("local_bandwidth_bytes_per_s", "remote_bandwidth_bytes_per_s"):

@@ -51,6 +51,12 @@ RENAMED: dict[str, str] = {
     "data.num_val": "data.val_size",
     "models.bootstrap.eval_size": "data.val_size",
     "models.bootstrap.data": "data",
+    "reward.genrm_parser": "models.genrm.judge.parser",
+    "reward.genrm_max_tokens": "models.genrm.judge.max_tokens",
+    "reward.genrm_temperature": "models.genrm.judge.temperature",
+    "cluster.runtime.reward.genrm_parser": "models.genrm.judge.parser",
+    "cluster.runtime.reward.genrm_max_tokens": "models.genrm.judge.max_tokens",
+    "cluster.runtime.reward.genrm_temperature": "models.genrm.judge.temperature",
 }
 
 

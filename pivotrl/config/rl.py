@@ -68,7 +68,8 @@ class DataConfig:
 
 @dataclass
 class RewardConfig:
-    """R = verifiable_weight * R_verifiable + genrm_weight * R_genrm."""
+    """R = verifiable_weight * R_verifiable + genrm_weight * R_genrm. How the GenRM judges (prompt
+    template, score parser, sampling, length) is the GenRM's own: `models.genrm.judge`."""
 
     verifiable_weight: float = 1.0
     """Weight of the verifiable reward (final answer == ground truth)."""
@@ -81,12 +82,6 @@ class RewardConfig:
     custom_reward_function: str | None = None
     """Import path 'module:function' (or 'module.function', 'file.py:function') of a verl-style
     compute_score(data_source, solution_str, ground_truth, extra_info); replaces the verifiable reward."""
-    genrm_parser: str = "score_line"
-    """Registered GenRM score parser (pivotrl.rl.genrm.SCORE_PARSERS)."""
-    genrm_max_tokens: int = 32
-    """Most tokens the GenRM may write per judgement."""
-    genrm_temperature: float = 0.0
-    """GenRM sampling temperature (0 = greedy: a judge should be deterministic)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -97,10 +92,6 @@ class RewardConfig:
                   getattr(self, name))
         if self.answer_extraction not in _EXTRACTORS:
             raise ValueError(f"reward.answer_extraction {self.answer_extraction!r} is not one of {list(_EXTRACTORS)}")
-        if self.genrm_max_tokens < 1:
-            raise ValueError(f"reward.genrm_max_tokens must be >= 1, got {self.genrm_max_tokens}")
-        if self.genrm_temperature < 0:
-            raise ValueError(f"reward.genrm_temperature must be >= 0, got {self.genrm_temperature}")
 
 
 @dataclass

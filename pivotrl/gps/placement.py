@@ -10,6 +10,8 @@ every chunk has exactly `num_nodes / k` replicas.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from dataclasses import dataclass
 
 from pivotrl.gps.errors import BudgetError
@@ -122,6 +124,15 @@ def node_memory_bytes(shm_dir: str | None = None) -> tuple[int, str]:
     if not found:
         raise BudgetError("cannot tell this node's memory (no /proc/meminfo): set gps.node_memory_budget_bytes")
     return min(found)
+
+
+def budget_bytes(config: Any) -> int:
+    """The per-node GPS budget of a `GPSConfig`: `node_memory_budget_bytes`, or when 0 its
+    `node_memory_fraction` of this node's memory (`node_memory_bytes`)."""
+    if config.node_memory_budget_bytes:
+        return int(config.node_memory_budget_bytes)
+    total, _ = node_memory_bytes(config.shm_dir if config.transport in ("shm", "ray") else None)
+    return int(total * config.node_memory_fraction)
 
 
 def models_need_bytes(models: list[tuple[str, ModelSpec, bool]], num_nodes: int, headroom_versions: int,

@@ -17,6 +17,7 @@ import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pivotrl.config.gps import GPSConfig
+from pivotrl.gps.placement import budget_bytes
 from pivotrl.gps.store import GlobalParameterStore
 from pivotrl.gps.transports import BufferRef, SliceItem, Transport, map_file, read_items, write_items
 from pivotrl.gps.versions import VersionTable
@@ -167,5 +168,5 @@ def make_ray_store(config: GPSConfig, num_nodes: int) -> GlobalParameterStore:
     returned object pickles into device actors, which then read/write from their own process."""
     transport = RayTransport.create(config, num_nodes)
     table_actor = ray.remote(num_cpus=0)(VersionTable).remote(
-        num_nodes, config.node_memory_budget_bytes, config.write_headroom_versions, config.alignment_bytes)
+        num_nodes, budget_bytes(config), config.write_headroom_versions, config.alignment_bytes)
     return GlobalParameterStore(config, num_nodes, transport=transport, table=RemoteTable(table_actor))

@@ -33,7 +33,7 @@ from pivotrl.config.gps import GPSConfig
 from pivotrl.gps.errors import ShardMismatchError
 from pivotrl.gps.handles import FileManifest, RowWrite
 from pivotrl.gps.layout import Layout, ModelSpec, validate_layout
-from pivotrl.gps.placement import ChunkLayout, Placement
+from pivotrl.gps.placement import ChunkLayout, Placement, budget_bytes
 from pivotrl.gps.planner import Device, LinkProfile, Plan, plan_read, plan_write
 from pivotrl.gps.transports import (BufferRef, SliceItem, Transport, box_slices, chunk_view, copy_into, dtype_name,
                                     make_transport, torch_dtype)
@@ -83,7 +83,7 @@ class GlobalParameterStore:
         self.links = LinkProfile(self.config.local_bandwidth_bytes_per_s,
                                  self.config.remote_bandwidth_bytes_per_s, self.config.transfer_overhead_s)
         self.transport = transport or make_transport(self.config, num_nodes)
-        self.table = table or VersionTable(num_nodes, self.config.node_memory_budget_bytes,
+        self.table = table or VersionTable(num_nodes, budget_bytes(self.config),
                                            self.config.write_headroom_versions, self.config.alignment_bytes)
         #: per-model side data kept with the store (hf_io keeps the imported config.json here)
         self.attachments: dict[str, dict[str, Any]] = {}

@@ -223,8 +223,8 @@ class RewardBreakdown:
 
 class RewardFunction:
     """R = verifiable_weight * R_verifiable + genrm_weight * R_genrm, per `RewardConfig`. The GenRM
-    parser is `judge.parser` when a JudgeConfig (`models.genrm.judge`) is given, else
-    `reward.genrm_parser`."""
+    parser is `judge.parser` (`models.genrm.judge`); without a JudgeConfig, the tiny task's
+    `score_line` (library use and tests)."""
 
     def __init__(self, cfg: RewardConfig, stats: ParseStats | None = None, judge: JudgeConfig | None = None) -> None:
         cfg.validate()
@@ -232,7 +232,7 @@ class RewardFunction:
         self.stats = stats if stats is not None else ParseStats()
         self._custom = (load_reward_function(cfg.custom_reward_function)
                         if cfg.custom_reward_function is not None else None)
-        self.parser = judge.parser if judge is not None else cfg.genrm_parser
+        self.parser = judge.parser if judge is not None else "score_line"
         get_score_parser(self.parser)  # fail at start, not at the first judgement
 
     @property

@@ -2,8 +2,10 @@
 
 Owns the one rule of where models and data come from, shared by every real runtime (`local`,
 `ray`, `inproc`):
-- both `models.*.hf_path` set: those checkpoints, and the user's `data.train_path`/`val_path`
-  (a real checkpoint needs real data; a missing path is an error naming it);
+- both `models.*.hf_path` set: those checkpoints (a local folder, or a Hub id in the local
+  Hugging Face cache: `models.resolve.resolve_checkpoint`, which names the path it tried and the
+  download command when the weights are missing or partial), and the user's
+  `data.train_path`/`val_path` (a real checkpoint needs real data; a missing path is an error);
 - both null: the tiny models from the cached SFT bootstrap (`models.bootstrap`), on the synthetic
   task, unless `data.train_path`/`val_path` name the user's parquet, which is then used;
 - one set and one null is an error: a user's checkpoint is never silently replaced by a tiny one.
@@ -27,6 +29,13 @@ class Assets:
     bootstrap_info: dict[str, Any] = field(default_factory=dict)
     """`cached`, `seconds`, the bootstrapped policy's greedy accuracy; empty for user checkpoints."""
 
+    def tokenizers(self, cfg: Any) -> tuple[Any, Any]:
+        """(policy, GenRM) tokenizers, each its own model's (`models.<role>.chat`), with a chat template."""
+        from pivotrl.rl.chat import load_chat_tokenizer
+
+        return (load_chat_tokenizer(self.policy_path, cfg.models.policy.chat, "models.policy.chat"),
+                load_chat_tokenizer(self.genrm_path, cfg.models.genrm.chat, "models.genrm.chat"))
+
 
 def _existing(path: str | None, key: str, what: str) -> Path:
     if not path:
@@ -47,8 +56,13 @@ def load_assets(cfg: Any, progress: bool = False) -> Assets:
                 other = "genrm" if role == "policy" else "policy"
                 raise ConfigError("hf_path", f"a checkpoint too: models.{other}.hf_path is set, and a "
                                   "tiny model is never mixed in silently", path, f"models.{role}")
-        policy = _existing(user["policy"], "models.policy.hf_path", "the policy checkpoint")
-        genrm = _existing(user["genrm"], "models.genrm.hf_path", "the GenRM checkpoint")
+        from pivotrl.models.resolve import resolve_checkpoint  # a folder or the local HF cache, never downloads
+
+        ck = {role: resolve_checkpoint(user[role], f"models.{role}.hf_path",
+                                       need_chat_template=getattr(m, role).chat.chat_template is None)
+              for role in ("policy", "genrm")}
+        check_fit(cfg, ck["policy"].spec, ck["genrm"].spec)
+        policy, genrm = ck["policy"].path, ck["genrm"].path
         train = _existing(d.train_path, "data.train_path", "a verl-format train parquet (real checkpoints "
                           "need real data)")
         val = _existing(d.val_path, "data.val_path", "a verl-format validation parquet")
@@ -62,6 +76,22 @@ def load_assets(cfg: Any, progress: bool = False) -> Assets:
     train = _existing(d.train_path, "data.train_path", "a train parquet") if d.train_path else res.train_path
     val = _existing(d.val_path, "data.val_path", "a validation parquet") if d.val_path else res.val_path
     return Assets(res.policy_path, res.genrm_path, train, val, info)
+
+
+def check_fit(cfg: Any, policy_spec: Any, genrm_spec: Any) -> None:
+    """Stop at start when a checkpoint cannot run as configured: a `tp` that does not split its
+    tensors (names the field and the degrees that work), or GPS memory too small for both models
+    (names both numbers)."""
+    from pivotrl.config.resolve import resolve
+    from pivotrl.gps.layout import check_tp
+    from pivotrl.gps.placement import budget_bytes, check_budget
+
+    r, gps = resolve(cfg), cfg.cluster.gps
+    check_tp(policy_spec, r.tp["rollout"], "models.policy.tp")
+    check_tp(genrm_spec, r.tp["reward"], "models.genrm.tp")
+    nodes = max(1, -(-r.num_devices // r.node_size))
+    check_budget(budget_bytes(gps), [("policy", policy_spec, False), ("genrm", genrm_spec, True)], nodes,
+                 gps.write_headroom_versions, gps.alignment_bytes, where="cluster.gps.node_memory_budget_bytes")
 
 
 def load_val_examples(path: Path, limit: int) -> list:

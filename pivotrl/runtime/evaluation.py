@@ -17,9 +17,13 @@ from pivotrl.rl.rewards import verifiable_score
 _ids = itertools.count()
 
 
-def encode_prompt(tok: Any, messages: list[dict], max_len: int) -> list[int]:
-    """Chat-template token ids of `messages` with the generation prompt; an error past `max_len`."""
-    ids = list(tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False))
+def encode_prompt(tok: Any, messages: list[dict], max_len: int, chat: Any = None) -> list[int]:
+    """Token ids of `messages` with the generation prompt through `tok`'s chat template and the
+    policy's `chat` settings (`models.policy.chat`: system prompt, `enable_thinking`); an error
+    past `max_len`."""
+    from pivotrl.rl.chat import render_chat
+
+    ids = render_chat(tok, messages, chat, where="models.policy.chat")
     if len(ids) > max_len:
         raise ValueError(f"prompt of {len(ids)} tokens exceeds data.max_prompt_length={max_len}: "
                          f"{messages[-1]['content'][:80]!r}")
@@ -43,9 +47,9 @@ def sample(engine: InferenceEngine, prompts: list[list[int]], n: int, params: Sa
 
 
 def evaluate(engine: InferenceEngine, tok: Any, val: list, *, temperature: float, samples: int, seed: int,
-             max_prompt_len: int, max_tokens: int) -> dict[str, float]:
+             max_prompt_len: int, max_tokens: int, chat: Any = None) -> dict[str, float]:
     """Held-out accuracy: `sampled` (at `temperature`, `samples` per prompt) and `greedy`."""
-    prompts = [encode_prompt(tok, e.prompt, max_prompt_len) for e in val]
+    prompts = [encode_prompt(tok, e.prompt, max_prompt_len, chat) for e in val]
     sampled = sample(engine, prompts, samples, SamplingParams(temperature=temperature, max_tokens=max_tokens),
                      seed=10_000_000 + seed)
     greedy = sample(engine, prompts, 1, SamplingParams(temperature=0.0, max_tokens=max_tokens), seed=0)

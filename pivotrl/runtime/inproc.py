@@ -28,34 +28,34 @@ def run_inproc(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
     from pivotrl.engines.registry import create_engine
     from pivotrl.engines.train_batch import TrainBatch
     from pivotrl.engines.trainer import Trainer
-    from pivotrl.models.tokenizer import load_tokenizer
     from pivotrl.rl.data import load_examples
-    from pivotrl.rl.genrm import ParseStats, judge_messages
+    from pivotrl.rl.genrm import ParseStats, judge_prompt
     from pivotrl.rl.rewards import RewardFunction
 
     r = resolve(cfg)
     progress = bool(cfg.logging.progress)
     torch.set_num_threads(int(cfg.cluster.threads_per_device))
     assets = load_assets(cfg, progress=progress)
-    tok = load_tokenizer(assets.policy_path)
+    tok, genrm_tok = assets.tokenizers(cfg)
     train = load_examples(assets.train_path)
     val = load_val_examples(assets.val_path, cfg.data.val_size)
-    reward_fn = RewardFunction(cfg.reward, ParseStats())
+    judge = cfg.models.genrm.judge
+    reward_fn = RewardFunction(cfg.reward, ParseStats(), judge=judge)
     rng = random.Random(f"sync-loop:{cfg.seed}")
     d, temp, P, G = cfg.data, float(cfg.algo.rollout_temperature), r.prompts_per_step, r.group_size
+    chat = cfg.models.policy.chat
     eval_kw = dict(temperature=temp, samples=d.val_samples, seed=int(cfg.seed), max_prompt_len=d.max_prompt_length,
-                   max_tokens=r.max_response)
+                   max_tokens=r.max_response, chat=chat)
     policy = create_engine(assets.policy_path, cfg.engine)
     genrm = create_engine(assets.genrm_path, cfg.engine) if reward_fn.uses_genrm else None
     trainer = Trainer(r.trainer(cfg, 1), assets.policy_path, publish=lambda v, sd: policy.load_weights(sd, v))
-    judge_len = d.max_prompt_length + r.max_response + 64  # judge prompts embed the response
     rows: list[dict[str, Any]] = []
     t_start = time.perf_counter()
     try:
         before = evaluate(policy, tok, val, **eval_kw)
         for step in range(1, r.steps + 1):
             batch = rng.sample(train, min(P, len(train)))
-            prompts = [encode_prompt(tok, e.prompt, d.max_prompt_length) for e in batch]
+            prompts = [encode_prompt(tok, e.prompt, d.max_prompt_length, chat) for e in batch]
             t = time.perf_counter()
             groups = sample(policy, prompts, G, SamplingParams(temperature=temp, max_tokens=r.max_response),
                             seed=int(cfg.seed) * 1_000_003 + step * 100_000)
@@ -66,9 +66,9 @@ def run_inproc(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
             t = time.perf_counter()
             judged: list[str | None] = [None] * len(texts)
             if genrm is not None:
-                jp = [encode_prompt(tok, judge_messages(e.prompt, s), judge_len) for e, s in zip(flat_ex, texts)]
-                params = SamplingParams(temperature=cfg.reward.genrm_temperature, max_tokens=cfg.reward.genrm_max_tokens)
-                judged = [decode(tok, x[0]) for x in sample(genrm, jp, 1, params, seed=0)]
+                jp = [judge_prompt(genrm_tok, e.prompt, s, judge, cfg.models.genrm.chat) for e, s in zip(flat_ex, texts)]
+                params = SamplingParams(temperature=judge.temperature, top_p=judge.top_p, max_tokens=judge.max_tokens)
+                judged = [decode(genrm_tok, x[0]) for x in sample(genrm, jp, 1, params, seed=0)]
             fails = reward_fn.stats.failures
             rewards = [reward_fn(e.data_source, s, e.ground_truth, e.extra_info, j) for e, s, j in zip(flat_ex, texts, judged)]
             reward_s = time.perf_counter() - t

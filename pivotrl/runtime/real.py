@@ -49,7 +49,8 @@ def val_accuracy(cfg: Any, r: Any, assets: Any, tok: Any, val: list, params: Any
             eng.load_weights(ray.get(ref), version)
         d = cfg.data
         return evaluate(eng, tok, val, temperature=cfg.algo.rollout_temperature, samples=d.val_samples,
-                        seed=int(cfg.seed), max_prompt_len=d.max_prompt_length, max_tokens=r.max_response)
+                        seed=int(cfg.seed), max_prompt_len=d.max_prompt_length, max_tokens=r.max_response,
+                        chat=cfg.models.policy.chat)
     finally:
         eng.shutdown()
 
@@ -59,7 +60,6 @@ def run_real(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
     import torch
 
     from pivotrl.deploy import make_controller
-    from pivotrl.models.tokenizer import load_tokenizer
     from pivotrl.rl.data import load_examples
     from pivotrl.runtime.assets import load_assets, load_val_examples
     from pivotrl.runtime.driver import DeviceDriver
@@ -76,9 +76,10 @@ def run_real(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
     progress = bool(cfg.logging.progress)
     torch.set_num_threads(1)
     assets = load_assets(cfg, progress=progress)
-    tok = load_tokenizer(assets.policy_path)
+    tok, genrm_tok = assets.tokenizers(cfg)
     val = load_val_examples(assets.val_path, cfg.data.val_size)
-    samples = Samples(cfg, tok, load_examples(assets.train_path), r.prompts_per_step, r.group_size, r.max_response)
+    samples = Samples(cfg, tok, genrm_tok, load_examples(assets.train_path), r.prompts_per_step, r.group_size,
+                      r.max_response)
     from pivotrl.logging.teardown import close_all
 
     launch = Launch(cfg, r, assets.policy_path, assets.genrm_path, run_dir)

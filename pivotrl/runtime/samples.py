@@ -4,8 +4,10 @@ the GRPO batches handed to the trainer.
 Owns the mapping of global sample ids (`batch * P * G + prompt * G + index`, `deploy/events.py`)
 to training examples (`LocalPrompts`, the controller's `PromptSource`), how each role's request
 is built (sampling settings: `algo.rollout_temperature` and `data.max_response_length` for the
-policy, `reward.genrm_*` for the GenRM), the judge prompt of a finished response, the reward of a
-judgement, and the train batch of a list of samples. Knows nothing about devices or Ray.
+policy, `models.genrm.judge` for the GenRM), the judge prompt of a finished response (rendered by
+the GenRM's own tokenizer and chat template, `models.genrm.chat`), the reward of a judgement, and
+the train batch of a list of samples. Policy and GenRM are separate models end to end: each
+decodes its own tokens. Knows nothing about devices or Ray.
 """
 from __future__ import annotations
 
@@ -47,22 +49,22 @@ class LocalPrompts:
 class Samples:
     """Requests, judge prompts, rewards and train batches of run `cfg` over `train_examples`."""
 
-    def __init__(self, cfg: Any, tok: Any, train_examples: list, prompts_per_step: int, group_size: int,
-                 max_response: int) -> None:
+    def __init__(self, cfg: Any, tok: Any, genrm_tok: Any, train_examples: list, prompts_per_step: int,
+                 group_size: int, max_response: int) -> None:
         from pivotrl.rl.rewards import RewardFunction
 
-        self.cfg, self.tok, self.examples = cfg, tok, train_examples
+        self.cfg, self.tok, self.genrm_tok, self.examples = cfg, tok, genrm_tok, train_examples
+        self.judge = cfg.models.genrm.judge
         self.P, self.G, self.max_response = prompts_per_step, group_size, max_response
         self.prompt_ids = [self.encode(e.prompt) for e in train_examples]
         self.source = LocalPrompts(self.prompt_ids, self.P)
-        self.reward_fn = RewardFunction(cfg.reward)
+        self.reward_fn = RewardFunction(cfg.reward, judge=self.judge)
 
-    def encode(self, messages: list[dict[str, str]], extra: int = 0) -> list[int]:
-        """Chat-template ids; `extra` tokens of room beyond `data.max_prompt_length` (judge
-        prompts carry the response and the judge template too)."""
+    def encode(self, messages: list[dict[str, str]]) -> list[int]:
+        """The policy's prompt ids (`models.policy.chat`), at most `data.max_prompt_length`."""
         from pivotrl.runtime.evaluation import encode_prompt  # the one prompt encoding of the project
 
-        return encode_prompt(self.tok, messages, self.cfg.data.max_prompt_length + extra)
+        return encode_prompt(self.tok, messages, self.cfg.data.max_prompt_length, self.cfg.models.policy.chat)
 
     def batch_of(self, sid: int) -> int:
         return sid // (self.P * self.G)
@@ -86,24 +88,25 @@ class Samples:
                                      generated_logprobs=done.logprobs)
         if judge_ids is None:
             raise RuntimeError(f"reward sequence {sid} dispatched before its response finished")
-        rc = self.cfg.reward
-        params = SamplingParams(temperature=rc.genrm_temperature, max_tokens=rc.genrm_max_tokens)
+        j = self.judge
+        params = SamplingParams(temperature=j.temperature, top_p=j.top_p, max_tokens=j.max_tokens)
         return GenerationRequest(sid, judge_ids, params, generated=list(done), generated_logprobs=done.logprobs)
 
     def text(self, ids: Any) -> str:
+        """A policy response as text (the policy's tokenizer)."""
         return self.tok.decode(list(ids), skip_special_tokens=True)
 
     def judge_prompt(self, sid: int, response: Tokens) -> list[int]:
-        from pivotrl.rl.genrm import judge_messages
+        """The GenRM's prompt for sample `sid`'s response, through the GenRM's own tokenizer."""
+        from pivotrl.rl.genrm import judge_prompt
 
         ex = self.examples[self.example_of(sid)]
-        # room for the response (at most max_response tokens) and the judge template around it
-        return self.encode(judge_messages(ex.prompt, self.text(response.ids)), extra=self.max_response + 64)
+        return judge_prompt(self.genrm_tok, ex.prompt, self.text(response.ids), self.judge, self.cfg.models.genrm.chat)
 
     def score(self, sid: int, response: Tokens, judgement: Tokens) -> Any:
         ex = self.examples[self.example_of(sid)]
         return self.reward_fn(ex.data_source, self.text(response.ids), ex.ground_truth, ex.extra_info,
-                              genrm_text=self.text(judgement.ids))
+                              genrm_text=self.genrm_tok.decode(list(judgement.ids), skip_special_tokens=True))
 
     def train_batch(self, ids: list[int], rewards: dict[int, float], responses: dict[int, Tokens],
                     versions: dict[int, int]) -> Any:

@@ -50,9 +50,12 @@ def test_node_memory_and_derived_default():
     with open("/proc/meminfo") as f:
         mem = int(next(ln for ln in f if ln.startswith("MemTotal:")).split()[1]) * 1024
     assert 0 < total <= mem and how
-    assert GPSConfig().node_memory_budget_bytes == int(node_memory_bytes("/dev/shm")[0] * 0.8)
-    assert GPSConfig(node_memory_fraction=0.5).node_memory_budget_bytes == int(total * 0.5)
-    assert GPSConfig(node_memory_budget_bytes=123).node_memory_budget_bytes == 123  # explicit wins
+    from pivotrl.gps.placement import budget_bytes
+
+    assert GPSConfig().node_memory_budget_bytes == 0  # the config keeps what the user said ...
+    assert budget_bytes(GPSConfig()) == int(node_memory_bytes("/dev/shm")[0] * 0.8)  # ... GPS derives it
+    assert budget_bytes(GPSConfig(node_memory_fraction=0.5)) == int(total * 0.5)
+    assert budget_bytes(GPSConfig(node_memory_budget_bytes=123)) == 123  # explicit wins
 
 
 @pytest.mark.parametrize("kw,match", [({"node_memory_fraction": 0}, "gps.node_memory_fraction"),

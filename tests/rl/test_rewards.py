@@ -107,8 +107,7 @@ def test_custom_reward_bad_paths(custom_module, spec: str, match: str) -> None:
 @pytest.mark.parametrize("kwargs,match", [
     ({"verifiable_weight": -1.0}, "verifiable_weight"),
     ({"answer_extraction": "fuzzy"}, "answer_extraction 'fuzzy'"),
-    ({"genrm_max_tokens": 0}, "genrm_max_tokens"),
-    ({"genrm_temperature": -0.1}, "genrm_temperature"),
+    ({"genrm_weight": float("nan")}, "genrm_weight"),
 ])
 def test_reward_config_bad_values(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -116,5 +115,7 @@ def test_reward_config_bad_values(kwargs: dict, match: str) -> None:
 
 
 def test_unknown_parser_name_is_clear() -> None:
-    with pytest.raises(ValueError, match="unknown GenRM score parser 'nope'"):
-        RewardFunction(RewardConfig(genrm_parser="nope"))
+    from pivotrl.config.rl import JudgeConfig
+
+    with pytest.raises(ValueError, match="parser 'nope'"):
+        JudgeConfig(parser="nope")

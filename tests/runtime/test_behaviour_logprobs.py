@@ -30,7 +30,8 @@ def setup(tiny_assets, tmp_path):
     from pivotrl.runtime.samples import Samples
 
     cfg = make_local_cfg(tiny_assets, "pivot", [f"algo.rollout_temperature={TEMP}", "data.max_response_length=160"])
-    return Samples(cfg, load_tokenizer(tiny_assets["policy"]), load_examples(tiny_assets["train"]),
+    tok = load_tokenizer(tiny_assets["policy"])
+    return Samples(cfg, tok, tok, load_examples(tiny_assets["train"]),
                    cfg.train.prompts_per_step, cfg.train.group_size, 160)
 
 

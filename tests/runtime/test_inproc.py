@@ -18,7 +18,7 @@ TINY_BOOT = ["models.bootstrap.policy.hidden_size=32", "models.bootstrap.policy.
              "models.bootstrap.genrm.num_kv_heads=1", "models.bootstrap.genrm.intermediate_size=64",
              "models.bootstrap.policy_steps=2", "models.bootstrap.genrm_steps=2", "models.bootstrap.batch_size=4",
              "models.bootstrap.warmup_steps=1", "data.num_train=16", "data.val_size=4", "data.val_samples=1",
-             "data.max_response_length=8", "reward.genrm_max_tokens=8"]
+             "data.max_response_length=8", "models.genrm.judge.max_tokens=8"]
 
 
 def _cfg(tmp_path, *extra):
