@@ -31,6 +31,14 @@ RUNTIMES: Registry[Callable[..., dict[str, Any]]] = Registry("cluster.kind", {
 
 log = logging.getLogger(__name__)
 
+#: checks a runtime makes before anything is written to the run folder (a missing checkpoint stops
+#: the run with only Hydra's log there)
+PREFLIGHT: Registry[Callable[[PivotConfig], None]] = Registry("cluster.kind", {
+    "local": "pivotrl.runtime.assets:preflight",
+    "ray": "pivotrl.runtime.assets:preflight",
+    "inproc": "pivotrl.runtime.assets:preflight",
+})
+
 #: runtimes that can continue from a checkpoint in the run folder (`train.resume`)
 RESUMABLE = ("local", "ray")
 
@@ -116,6 +124,8 @@ def _run_locked(cfg: PivotConfig, kind: str, runtime: Callable[..., dict[str, An
             log.warning("run folder %s: taking over the stale lock of pid %s, a run that died", run_dir,
                         lock.took_over.get("pid"))
         check_resume(cfg, kind, run_dir)
+        if kind in PREFLIGHT:
+            PREFLIGHT[kind](cfg)
         tracker = Tracker(cfg, run_dir)
         summary = runtime(cfg, run_dir, tracker)
         tracker.write_summary(summary)

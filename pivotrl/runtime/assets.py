@@ -78,6 +78,20 @@ def load_assets(cfg: Any, progress: bool = False) -> Assets:
     return Assets(res.policy_path, res.genrm_path, train, val, info)
 
 
+def preflight(cfg: Any) -> None:
+    """Before a real run writes anything: the user's checkpoints exist, are complete, have chat
+    templates, split under their `tp`, and fit GPS memory (no-op for the bootstrapped tiny models,
+    which `load_assets` builds)."""
+    m = cfg.models
+    if m.policy.hf_path and m.genrm.hf_path:
+        from pivotrl.models.resolve import resolve_checkpoint
+
+        ck = {role: resolve_checkpoint(getattr(m, role).hf_path, f"models.{role}.hf_path",
+                                       need_chat_template=getattr(m, role).chat.chat_template is None)
+              for role in ("policy", "genrm")}
+        check_fit(cfg, ck["policy"].spec, ck["genrm"].spec)
+
+
 def check_fit(cfg: Any, policy_spec: Any, genrm_spec: Any) -> None:
     """Stop at start when a checkpoint cannot run as configured: a `tp` that does not split its
     tensors (names the field and the degrees that work), or GPS memory too small for both models

@@ -1,0 +1,51 @@
+"""Which checkpoints and data a real run loads (`runtime/assets.py`): user inputs are honoured or
+refused at start, never replaced by the tiny models or the synthetic task."""
+from __future__ import annotations
+
+import pytest
+
+from pivotrl.config import ConfigError, compose_config
+
+
+def test_paper_group_without_weights_stops_before_writing(tmp_path, monkeypatch):
+    from pivotrl.models.resolve import CheckpointError
+    from pivotrl.run import run
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty_cache"))
+    cfg = compose_config(["cluster=local", "models=qwen7b_qwen30b", "logging.wandb_mode=disabled"])
+    with pytest.raises(CheckpointError, match=r"models.policy.hf_path='Qwen/Qwen2.5-7B-Instruct'.*hf download"):
+        run(cfg, tmp_path / "run")
+    assert not [p.name for p in (tmp_path / "run").iterdir() if not p.name.startswith(".")], \
+        "a run stopped at start writes no records"
+
+
+def test_one_checkpoint_given_is_never_mixed_with_a_tiny_model(tiny_assets):
+    from pivotrl.runtime.assets import load_assets
+
+    cfg = compose_config([f"models.policy.hf_path={tiny_assets['policy']}"])
+    with pytest.raises(ConfigError, match=r"models.genrm.hf_path=None is invalid; allowed: a checkpoint too"):
+        load_assets(cfg)
+
+
+def test_real_checkpoints_need_real_data(tiny_assets):
+    from pivotrl.runtime.assets import load_assets
+
+    both = [f"models.policy.hf_path={tiny_assets['policy']}", f"models.genrm.hf_path={tiny_assets['genrm']}"]
+    with pytest.raises(ConfigError, match=r"data.train_path=None is invalid; allowed: the path of a verl-format"):
+        load_assets(compose_config(both))
+    a = load_assets(compose_config([*both, f"data.train_path={tiny_assets['train']}",
+                                    f"data.val_path={tiny_assets['val']}"]))
+    assert (a.policy_path, a.train_path) == (tiny_assets["policy"], tiny_assets["train"]) and not a.bootstrap_info
+    with pytest.raises(ConfigError, match=r"data.val_path=.*nothing at"):
+        load_assets(compose_config([*both, f"data.train_path={tiny_assets['train']}", "data.val_path=/no/such.parquet"]))
+
+
+def test_empty_validation_set_is_an_error_at_start(tmp_path):
+    import pandas as pd
+
+    from pivotrl.runtime.assets import load_val_examples
+
+    empty = tmp_path / "val.parquet"
+    pd.DataFrame({"prompt": [], "data_source": [], "reward_model": [], "extra_info": []}).to_parquet(empty)
+    with pytest.raises(ConfigError, match=r"data.val_path=.*at least one row"):
+        load_val_examples(empty, 10)
