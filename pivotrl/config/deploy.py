@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from pivotrl.config.base import ConfigError, check
 from pivotrl.config.planner import PlannerConfig
+from pivotrl.registry import Registry
 
 
 class DeployMode(str, enum.Enum):
@@ -148,16 +149,10 @@ class PivotDeployConfig(DeployConfig):
         super().check_allocation(n, tp_of)
 
 
-def _schemas() -> "Registry[type[DeployConfig]]":
-    from pivotrl.registry import Registry  # the registry module imports config.base: no cycle at import time
-
-    return Registry("deploy.mode", {
-        DeployMode.colocated.value: ColocatedDeployConfig,
-        DeployMode.disaggregated.value: DisaggregatedDeployConfig,
-        DeployMode.rr_colocated.value: RRColocatedDeployConfig,
-        DeployMode.pivot.value: PivotDeployConfig,
-    })
-
-
 #: mode -> schema (the config string is the key; `conf/deploy/<mode>.yaml` selects it).
-DEPLOY_SCHEMAS = _schemas()
+DEPLOY_SCHEMAS: Registry[type[DeployConfig]] = Registry("deploy.mode", {
+    DeployMode.colocated.value: ColocatedDeployConfig,
+    DeployMode.disaggregated.value: DisaggregatedDeployConfig,
+    DeployMode.rr_colocated.value: RRColocatedDeployConfig,
+    DeployMode.pivot.value: PivotDeployConfig,
+})

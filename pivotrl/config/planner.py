@@ -1,7 +1,8 @@
 """Schema of the planner and shift strategy (nested under `deploy.planner`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 
 
 @dataclass
@@ -25,7 +26,23 @@ class PlannerConfig:
     `migrate` runs the real scheduler migration on clones (exact, slow at scale); `summary` is
     its closed-form counterpart on a per-role summary (fast; error bounded in tests/core)."""
 
+    rebalance: bool = True
+    """Rebalance on monitor ticks (beyond the paper, which migrates only at shift up): when a role's
+    queue is empty and its replicas are unevenly loaded, move sequences (abort + dispatch, Alg. 4's
+    improvement loop) if that raises the role's modelled throughput by `rebalance_min_gain`. Only
+    with `migration` on (so `vanilla` and "pivot w/o migration" never rebalance); `false` is the
+    paper's behaviour."""
+    rebalance_min_gain: float = 0.05
+    """Relative throughput gain a tick rebalance must reach to be carried out (each moved sequence
+    pays an abort and a re-prefill)."""
+
     def __post_init__(self) -> None:
+        for f in fields(self):  # non-finite numbers (inf, nan) are refused everywhere
+            v = getattr(self, f.name)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ValueError(f"deploy.planner.{f.name} must be a finite number, got {v}")
+        if isinstance(self.rebalance_min_gain, (int, float)) and self.rebalance_min_gain < 0:
+            raise ValueError(f"deploy.planner.rebalance_min_gain must be >= 0, got {self.rebalance_min_gain}")
         if isinstance(self.horizon_s, (int, float)) and not self.horizon_s > 0:
             raise ValueError(f"deploy.planner.horizon_s (H) must be > 0 seconds, got {self.horizon_s}")
         if isinstance(self.tick_s, (int, float)) and not self.tick_s > 0:

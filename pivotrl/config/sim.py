@@ -11,7 +11,10 @@ groups select `conf/train/paper.yaml`, whose docstring says where its 256 x 8 co
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+PLANNER_TABLE_BYTES = 4  # int32 entries of the planner's Alg. 1 choice table (pivotrl/core/planner.py)
 
 
 @dataclass
@@ -35,6 +38,23 @@ class SimConfig:
     `gpu_memory_utilization` (E)."""
     kv_reserve_tokens: int = 0
     """KV tokens a scheduler keeps free on a replica when admitting a sequence (growth headroom)."""
+    max_num_seqs: int = 256
+    """Sequences one simulated inference replica runs at once: vLLM's `max_num_seqs` (its default,
+    256; the paper does not state its setting). The scheduler admits up to this many per replica,
+    so a real waiting queue forms (E)."""
+    rollout_batch_barrier: bool = False
+    """verl's batch-synchronous rollout (the paper's baselines and pivot run on verl): batch b+1
+    is released only once every response of batch b is done, so each batch's long tail leaves
+    rollout devices idle (paper Fig. 3's headroom). False = continuous streaming across batches
+    within the staleness bound (docs/calibration_sources.md)."""
+    reward_batch_barrier: bool = False
+    """deploy=disaggregated only: the GenRM scores a batch after the batch's rollout is complete
+    (verl's `reward.compute_reward(batch)`), instead of streaming judgements as responses finish.
+    Pivot streams (paper Fig. 10); the phased modes already run reward after rollout."""
+    memory_budget_gib: float = 2.0
+    """Host memory the simulator may use for its largest table (the planner's Alg. 1 choice table,
+    replicas x devices int32 entries). A cluster beyond it is refused at start with the number of
+    devices it can hold (100,000 devices needed 2.18 GiB and failed after 51 s)."""
     train_recompute_factor: float = 1.33
     """k in `k*6*P*tokens/(gpus*peak*MFU) + T_fixed` (calibration §5, D/E)."""
     train_fixed_s: float = 7.5
@@ -65,7 +85,28 @@ class SimConfig:
     paper_allocation: PaperAllocation = field(default_factory=PaperAllocation)
     """Paper Table 4 allocations (reported beside the swept best)."""
 
+    def max_devices(self, min_tp: int = 1) -> int:
+        """Most simulated devices `memory_budget_gib` holds: the planner's table has up to
+        (devices / min_tp) rows of (devices + 1) int32 entries."""
+        budget = self.memory_budget_gib * 2**30 / PLANNER_TABLE_BYTES
+        return int(math.isqrt(int(budget * max(min_tp, 1))))
+
+    def check_devices(self, num_devices: int, min_tp: int = 1) -> None:
+        """Refuse a simulated cluster beyond the memory budget (called by the cross-field checks)."""
+        cap = self.max_devices(min_tp)
+        if num_devices > cap:
+            raise ValueError(
+                f"cluster.num_devices={num_devices} is beyond the simulator's memory budget "
+                f"(models.sim.memory_budget_gib={self.memory_budget_gib}): it can hold at most {cap} devices "
+                f"with replicas of {min_tp} device(s); lower cluster.num_devices or raise the budget")
+
     def __post_init__(self) -> None:
+        for name in ("max_num_seqs",):
+            v = getattr(self, name)
+            if isinstance(v, int) and v < 1:
+                raise ValueError(f"models.sim.{name} must be >= 1, got {v}")
+        if isinstance(self.memory_budget_gib, (int, float)) and not self.memory_budget_gib > 0:
+            raise ValueError(f"models.sim.memory_budget_gib must be > 0, got {self.memory_budget_gib}")
         if isinstance(self.mem_util, float) and not 0.0 < self.mem_util <= 1.0:
             raise ValueError(f"models.sim.mem_util must be in (0, 1], got {self.mem_util}")
         if self.pivot_home not in ("paper", "sweep"):

@@ -20,6 +20,8 @@ def validate_cross_fields(cfg: "PivotConfig") -> None:
         return  # still a schema with MISSING groups (ConfigStore registration)
     n = cl.num_devices if cl.num_devices is not None else models.devices
     node = cl.node_size
+    if getattr(cl.kind, "value", cl.kind) == "sim":  # before anything allocates per device
+        models.sim.check_devices(n, min(models.policy.tp, models.genrm.tp))
     if n % node and n > node:
         raise ConfigError("num_devices", f"a multiple of cluster.node_size={node}", n, "cluster")
     for role in ("policy", "genrm"):

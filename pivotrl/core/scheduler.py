@@ -13,10 +13,26 @@ Invariants (asserted by `check_invariants`, property-tested in tests/core/test_s
     used for fast dispatch agree with the replica states.
 
 Decisions (the brief and paper are silent or loose; written down here):
-  * Dispatch is strict priority order: if the head of the queue fits on no replica (current length
-    + `kv_reserve` free KV tokens), dispatch stops and everything behind it waits. This is
-    vLLM/veRL FCFS behaviour, keeps old sequences (staleness) first, and bounds the cost of a
-    dispatch call on a huge queue.
+  * Admission (vLLM's rules, per replica): a replica takes a sequence only while it runs fewer
+    than its `max_num_seqs` (vLLM's concurrency cap; None = no cap) and has `length + kv_reserve`
+    free KV tokens (current lengths: K grows by `progress`/`advance` as tokens are generated, the
+    engine preempts by recompute when its cache fills, and `kv_reserve` is the growth headroom,
+    vLLM's watermark). The runtime gives both limits per replica at `shift_up`/`add_replicas`,
+    from what the engine reports (the sim: its KV model and `models.sim.max_num_seqs`).
+  * Dispatch goes in priority order and skips: a sequence that fits on no replica now stays in the
+    queue at its place, and the sequences behind it are still tried; every later `dispatch`
+    (called as capacity frees: a finish, a shift up) tries it first again. So one long sequence
+    never blocks short ones (a 17K-token resume used to hold 64 short prompts back). The scan of
+    one call stops as soon as no replica has a free sequence slot, and skips without a lookup any
+    sequence at least as long as one that already failed in that call (free KV only shrinks
+    while a call places sequences), which bounds its cost on a huge queue.
+  * Atomic calls: every public call validates its arguments before it changes anything, so a call
+    that raises leaves the scheduler exactly as it was.
+  * Rebalance (`rebalance`, beyond the paper: the paper migrates only at shift up): with an empty
+    queue, the same improvement loop as Alg. 4 moves shortest sequences off the highest-throughput
+    replicas while the aggregate throughput rises, applied only if it rises by at least
+    `min_gain` (relative). Controllers call it on monitor ticks when `deploy.planner.rebalance`
+    is on, so replicas left idle by completions get work without waiting for a shift up.
   * Ties in gain go to the replica added first (deterministic).
   * Shift up (Alg. 4): the queue is dispatched onto the new replicas first, then onto all replicas.
     Migration runs only if the queue is then empty (a non-empty queue means no spare KV anywhere,
@@ -46,12 +62,14 @@ QUEUE = "queue"
 
 @dataclass
 class ReplicaState:
-    """One active replica: its running sequences and KV capacity in tokens."""
+    """One active replica: its running sequences, KV capacity in tokens, and concurrency cap."""
 
     replica_id: str
     kv_capacity: int
     running: dict[int, Sequence] = field(default_factory=dict)
     _k: int = 0
+    max_seqs: int | None = None
+    """vLLM's `max_num_seqs` of this replica's engine (None = no cap)."""
 
     @property
     def n(self) -> int:
@@ -65,6 +83,11 @@ class ReplicaState:
     @property
     def free_kv(self) -> int:
         return self.kv_capacity - self._k
+
+    @property
+    def free_seqs(self) -> float:
+        """Sequence slots left under `max_seqs` (inf without a cap)."""
+        return float("inf") if self.max_seqs is None else float(self.max_seqs - len(self.running))
 
 
 @dataclass(frozen=True)
@@ -80,12 +103,14 @@ class ShiftAwareScheduler:
     """Shared priority queue + throughput-maximising dispatch + shift-time migration for one role."""
 
     def __init__(self, role: Role, model: ThroughputModel, kv_reserve: int = 0,
-                 priority: Callable[[Sequence], Any] | None = None) -> None:
+                 priority: Callable[[Sequence], Any] | None = None, max_num_seqs: int | None = None) -> None:
         if kv_reserve < 0:
             raise ValueError(f"ShiftAwareScheduler.kv_reserve must be >= 0 tokens, got {kv_reserve}")
+        _check_cap("max_num_seqs", max_num_seqs)
         self.role = role
         self.model = model
         self.kv_reserve = int(kv_reserve)
+        self.max_num_seqs = max_num_seqs  # default cap of replicas added without their own
         self.priority = priority
         self.replicas: dict[str, ReplicaState] = {}
         self._heap: list[tuple[Any, int]] = []
@@ -109,6 +134,7 @@ class ShiftAwareScheduler:
         self._n = np.array([r.n for r in reps], dtype=np.float64)
         self._k = np.array([r.k for r in reps], dtype=np.float64)
         self._free = np.array([r.free_kv for r in reps], dtype=np.float64)
+        self._room = np.array([r.free_seqs for r in reps], dtype=np.float64)
         m = self.model
         self._T = m.throughput_v(self._n, self._k)
         self._num1 = self._n + 1.0
@@ -123,6 +149,7 @@ class ShiftAwareScheduler:
         self._n[i] = n
         self._k[i] = k
         self._free[i] = rep.kv_capacity - k
+        self._room[i] = rep.free_seqs
         t = m.throughput(n, k)
         self._total_T += t - self._T[i]
         self._T[i] = t
@@ -144,9 +171,9 @@ class ShiftAwareScheduler:
             masked[positions] = gain[positions]
             gain = masked
         i = int(gain.argmax())
-        if self._free[i] >= need and gain[i] > -np.inf:
+        if self._free[i] >= need and self._room[i] >= 1 and gain[i] > -np.inf:
             return i
-        np.putmask(gain, self._free < need, -np.inf)
+        np.putmask(gain, (self._free < need) | (self._room < 1), -np.inf)
         i = int(gain.argmax())
         return i if gain[i] > -np.inf else -1
 
@@ -196,31 +223,44 @@ class ShiftAwareScheduler:
         return aborts + assigns
 
     def _dispatch(self, positions: np.ndarray | None = None) -> None:
+        """Place queued sequences in priority order; those that fit nowhere are skipped and keep
+        their place (module docstring: Admission, Dispatch)."""
         heap, queued = self._heap, self._queued
-        while heap:
-            sid = heap[0][1]
-            seq = queued.get(sid)
+        skipped: list[tuple[Any, int]] = []
+        failed = float("inf")  # shortest length that found no replica in this call
+        room = self._room if positions is None else self._room[positions]
+        while heap and len(room) and room.max() >= 1:
+            entry = heapq.heappop(heap)
+            seq = queued.get(entry[1])
             if seq is None:  # stale entry (dispatched or finished since it was pushed)
-                heapq.heappop(heap)
                 continue
-            i = self._best_replica(seq.length, positions)
+            i = -1 if seq.length >= failed else self._best_replica(seq.length, positions)
             if i < 0:
-                break  # strict priority order: the head waits for capacity, so does the rest
-            heapq.heappop(heap)
-            del queued[sid]
+                failed = min(failed, seq.length)
+                skipped.append(entry)  # fits nowhere now: keeps its place for the next call
+                continue
+            del queued[entry[1]]
             self._place(seq, i)
+            if positions is not None:
+                room = self._room[positions]
+        for entry in skipped:
+            heapq.heappush(heap, entry)
 
     # ------------------------------------------------------------------ public API
     def submit(self, seqs: Iterable[Sequence]) -> None:
         """Put new sequences into the shared waiting queue (call `dispatch` to start them)."""
         self._no_clone("submit")
-        for s in seqs:
-            if s.seq_id in self._where:
+        batch = list(seqs)
+        seen: set[int] = set()
+        for s in batch:  # validate the whole batch first: a refused submit adds nothing
+            if s.seq_id in self._where or s.seq_id in seen:
                 raise ValueError(f"seq_id {s.seq_id} is already in the {self.role.value} scheduler "
-                                 f"(at {self._where[s.seq_id]!r})")
+                                 f"(at {self._where.get(s.seq_id, 'this submit')!r})")
             if s.role != self.role:
                 raise ValueError(f"sequence {s.seq_id} has role {s.role.value!r}, this scheduler is "
                                  f"{self.role.value!r}")
+            seen.add(s.seq_id)
+        for s in batch:
             self._enqueue(s)
 
     def dispatch(self) -> list[Move]:
@@ -231,6 +271,8 @@ class ShiftAwareScheduler:
 
     def abort(self, replica_id: str, which: Literal["all", "shortest"] = "all") -> list[Move]:
         """Stop sequences on `replica_id` and put them back in the queue with their tokens."""
+        self._replica(replica_id)
+        _check_which(which)
         self._begin()
         self._abort(replica_id, which)
         return self._end()
@@ -244,25 +286,47 @@ class ShiftAwareScheduler:
                 return None
             victims = [min(rep.running.values(), key=lambda s: (s.length, s.seq_id))]
         else:
-            raise ValueError(f"abort(which={which!r}): allowed values are 'all', 'shortest'")
+            _check_which(which)
+            return None
         i = self._pos[replica_id]
         for s in victims:
             self._unplace(s, i)
             self._enqueue(s)
         return victims[0] if victims else None
 
-    def add_replicas(self, replicas: list[tuple[str, int]]) -> None:
-        """Register new, empty replicas (no dispatch). `shift_up` is the usual entry point."""
-        for rid, cap in replicas:
-            if rid in self.replicas:
-                raise ValueError(f"replica {rid!r} is already active in the {self.role.value} scheduler")
-            if cap <= 0:
-                raise ValueError(f"replica {rid!r}: kv_capacity must be > 0 tokens, got {cap}")
-            self.replicas[rid] = ReplicaState(rid, int(cap))
+    def add_replicas(self, replicas: list[tuple]) -> None:
+        """Register new, empty replicas (no dispatch): `(id, kv_capacity)` or
+        `(id, kv_capacity, max_num_seqs)`, the limits the replica's engine reports (without a cap,
+        the scheduler's `max_num_seqs`). All are checked before any is added. `shift_up` is the
+        usual entry point."""
+        states = self._new_states(replicas)
+        for st_ in states:
+            self.replicas[st_.replica_id] = st_
         self._rebuild_arrays()
+
+    def _new_states(self, replicas: list[tuple]) -> list[ReplicaState]:
+        out: list[ReplicaState] = []
+        seen: set[str] = set()
+        for r in replicas:
+            if len(r) not in (2, 3):
+                raise ValueError(f"replica {r!r}: give (id, kv_capacity) or (id, kv_capacity, max_num_seqs)")
+            rid, cap = r[0], r[1]
+            mx = r[2] if len(r) == 3 else self.max_num_seqs
+            if rid in self.replicas or rid in seen:
+                raise ValueError(f"replica {rid!r} is already active in the {self.role.value} scheduler")
+            if not cap > 0:
+                raise ValueError(f"replica {rid!r}: kv_capacity must be > 0 tokens, got {cap}")
+            _check_cap(f"replica {rid!r}: max_num_seqs", mx)
+            seen.add(rid)
+            out.append(ReplicaState(rid, int(cap), max_seqs=None if mx is None else int(mx)))
+        return out
 
     def shift_down(self, replica_ids: list[str]) -> list[Move]:
         """Alg. 3: abort everything on `replica_ids`, remove them, dispatch to the remaining ones."""
+        for rid in replica_ids:
+            self._replica(rid)
+        if len(set(replica_ids)) != len(replica_ids):
+            raise ValueError(f"shift_down({replica_ids}): a replica is named twice")
         self._begin()
         for rid in replica_ids:
             self._abort(rid, "all")
@@ -276,9 +340,12 @@ class ShiftAwareScheduler:
         """Alg. 4: add `replicas` (id, kv_capacity), dispatch the queue onto them first, then (with
         `migrate`) move shortest sequences off the highest-throughput replicas while that raises
         the aggregate throughput."""
+        states = self._new_states(replicas)  # validates all before anything changes
         self._begin()
-        self.add_replicas(replicas)
-        new_pos = np.array([self._pos[rid] for rid, _ in replicas], dtype=np.int64)
+        for st_ in states:
+            self.replicas[st_.replica_id] = st_
+        self._rebuild_arrays()
+        new_pos = np.array([self._pos[st_.replica_id] for st_ in states], dtype=np.int64)
         if len(new_pos):
             self._dispatch(new_pos)
         self._dispatch()
@@ -323,6 +390,22 @@ class ShiftAwareScheduler:
             heapq.heappush(heap, (-self._T[j], j))
         return moves
 
+    def rebalance(self, min_gain: float = 0.0) -> list[Move]:
+        """Alg. 4's improvement loop without a shift (module docstring: Rebalance): with an empty
+        queue, move shortest sequences off the highest-throughput replicas while that raises the
+        aggregate throughput; kept only if it rises by more than `min_gain` (relative)."""
+        if not min_gain >= 0.0:
+            raise ValueError(f"rebalance(min_gain={min_gain}): must be >= 0")
+        if self._queued or len(self._ids) < 2:
+            return []
+        trial = self.clone()
+        before = trial.throughput()
+        if not trial._migrate() or trial.throughput() <= before * (1.0 + min_gain):
+            return []
+        self._begin()
+        self._migrate()
+        return self._end()
+
     def progress(self, seq_id: int, generated: int) -> None:
         """Set a sequence's generated-token count (never lower than before)."""
         self._no_clone("progress")
@@ -345,7 +428,7 @@ class ShiftAwareScheduler:
             raise ValueError(f"advance({replica_id!r}): tokens must be >= 0, got {tokens}")
         rep = self._replica(replica_id)
         for s in rep.running.values():
-            s.generated += tokens
+            s.generated += int(tokens)
         rep._k += tokens * rep.n
         self._refresh(self._pos[replica_id])
 
@@ -396,7 +479,8 @@ class ShiftAwareScheduler:
         """A copy for what-if simulation: own replica/queue structures, shared Sequence objects."""
         c = ShiftAwareScheduler.__new__(ShiftAwareScheduler)
         c.role, c.model, c.kv_reserve, c.priority = self.role, self.model, self.kv_reserve, self.priority
-        c.replicas = {rid: ReplicaState(rid, r.kv_capacity, dict(r.running), r._k)
+        c.max_num_seqs = self.max_num_seqs
+        c.replicas = {rid: ReplicaState(rid, r.kv_capacity, dict(r.running), r._k, r.max_seqs)
                       for rid, r in self.replicas.items()}
         c._heap = list(self._heap)
         c._queued = dict(self._queued)
@@ -404,7 +488,7 @@ class ShiftAwareScheduler:
         c._is_clone = True
         c._journal = None
         c._ids, c._pos = list(self._ids), dict(self._pos)
-        for name in ("_n", "_k", "_free", "_T", "_num1", "_base1"):
+        for name in ("_n", "_k", "_free", "_room", "_T", "_num1", "_base1"):
             setattr(c, name, getattr(self, name).copy())
         c._total_T = self._total_T
         return c
@@ -419,6 +503,7 @@ class ShiftAwareScheduler:
                 assert sid not in seen, f"seq {sid} on {rid} and {seen[sid]}"
                 seen[sid] = rid
             assert rep._k == sum(s.length for s in rep.running.values()), f"K of {rid} out of sync"
+            assert rep.max_seqs is None or rep.n <= rep.max_seqs, f"{rid} runs {rep.n} > max_num_seqs {rep.max_seqs}"
         for sid in self._queued:
             assert sid not in seen, f"seq {sid} both queued and on {seen[sid]}"
             seen[sid] = QUEUE
@@ -429,7 +514,9 @@ class ShiftAwareScheduler:
         for i, rid in enumerate(self._ids):
             rep = self.replicas[rid]
             assert self._n[i] == rep.n and self._k[i] == rep.k and self._free[i] == rep.free_kv
+            assert self._room[i] == rep.free_seqs
         assert abs(self._total_T - float(self._T.sum())) <= 1e-6 * max(1.0, abs(self._total_T))
+        assert self._journal is None, "an operation's journal was left open"
 
     # ------------------------------------------------------------------ helpers
     def _replica(self, replica_id: str) -> ReplicaState:
@@ -449,3 +536,13 @@ class ShiftAwareScheduler:
         if self._is_clone:
             raise RuntimeError(f"{op}() on a scheduler clone: clones share Sequence objects and are "
                                f"for what-if simulation only")
+
+
+def _check_which(which: str) -> None:
+    if which not in ("all", "shortest"):
+        raise ValueError(f"abort(which={which!r}): allowed values are 'all', 'shortest'")
+
+
+def _check_cap(name: str, cap: int | None) -> None:
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1):
+        raise ValueError(f"{name} must be an int >= 1 or None (no cap), got {cap!r}")

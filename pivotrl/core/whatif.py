@@ -19,7 +19,9 @@ Owns two evaluators with one interface, chosen by `PlannerConfig.evaluation`:
     own sequences stay put: when they fill every replica's free KV the gain is computed per
     replica (exact for equal lengths), otherwise it is the pool's balanced gain capped by that;
   - admission is pooled: the queue (in priority order) is admitted while the pool's free KV holds
-    its lengths plus the reserve (KV fragmentation across replicas is ignored).
+    its lengths plus the reserve (KV fragmentation across replicas is ignored), and no more than
+    the pool's free sequence slots under each replica's `max_num_seqs` (new replicas get the
+    scheduler's default cap).
   tests/core/test_whatif.py bounds its error against `MigrateWhatIf` on random states.
 
 Both take a `zero_one` flag: the `vanilla` strategy's throughput model, in which a replica with any
@@ -109,6 +111,8 @@ class SummaryWhatIf:
         self.n = np.array([r.n for r in reps], dtype=np.float64)
         self.k = np.array([r.k for r in reps], dtype=np.float64)
         self.free = np.maximum(np.array([r.free_kv for r in reps], dtype=np.float64), 0.0)
+        self.slots = np.maximum(np.array([r.free_seqs for r in reps], dtype=np.float64), 0.0)  # inf: no cap
+        self.new_cap = float("inf") if s.max_num_seqs is None else float(s.max_num_seqs)
         self.T = self.model.throughput_v(self.n, self.k) if reps else np.zeros(0)
         self.busy = (self.n > 0).astype(np.float64)
         self.N_run, self.K_run = float(self.n.sum()), float(self.k.sum())
@@ -153,10 +157,10 @@ class SummaryWhatIf:
         m = self.model
         R0 = len(self.ids)
         # Dispatch(Q, R_up): the queue's head fills the new replicas, balanced
-        m1 = self._admit(0, k * capacity)
+        m1 = int(min(self._admit(0, k * capacity), k * self.new_cap if k else 0))
         K1 = self._q_tokens(0, m1)
-        # Dispatch(Q, R): what is left goes to the existing replicas' free KV
-        m2 = self._admit(m1, self.free_sum)
+        # Dispatch(Q, R): what is left goes to the existing replicas' free KV and sequence slots
+        m2 = int(min(self._admit(m1, self.free_sum), float(self.slots.sum())))
         K2 = self._q_tokens(m1, m1 + m2)
         if self.zero_one:
             idle_old = R0 - self.busy_sum
@@ -189,7 +193,7 @@ class SummaryWhatIf:
         keep = np.ones(len(self.ids), dtype=bool)
         keep[sel] = False
         if self.zero_one:
-            room = np.floor(self.free[keep] / max(lbar + self.reserve, 1e-9))
+            room = np.minimum(np.floor(self.free[keep] / max(lbar + self.reserve, 1e-9)), self.slots[keep])
             adm = min(M, float(room.sum()))
             busy_rest = self.busy_sum - float(self.busy[sel].sum())
             idle_with_room = float(np.count_nonzero((self.busy[keep] == 0) & (room > 0)))
@@ -206,7 +210,7 @@ class SummaryWhatIf:
         R = len(n)
         if R == 0 or M <= 0:
             return 0.0
-        room = np.floor(free / max(lbar + self.reserve, 1e-9))
+        room = np.minimum(np.floor(free / max(lbar + self.reserve, 1e-9)), self.slots[keep])
         full = float((self.model.throughput_v(n + room, k + room * lbar) - self.T[keep]).sum())
         if M >= room.sum():
             return max(0.0, full)

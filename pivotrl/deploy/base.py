@@ -49,6 +49,17 @@ class ControlEnv:
     kv_reserve: int = 0
     kv_capacity: dict[Role, int] = field(default_factory=dict)
     """The runtime's estimate of one new replica's KV capacity (tokens) per role, for planning."""
+    batch_barrier: bool = False
+    """Release batch b+1 only once every response of batch b is done (verl's batch-synchronous
+    rollout: `generate_sequences` returns a whole batch), on top of the staleness bound. The sim
+    sets it from `models.sim.rollout_batch_barrier`; real runtimes stream (False)."""
+    reward_batch_barrier: bool = False
+    """Hold a batch's GenRM sequences until every response of the batch is done, then submit them
+    together (verl scores a batch after its rollout: `reward.compute_reward(batch)`). The sim
+    sets it for deploy=disaggregated from `models.sim.reward_batch_barrier`; False = streaming."""
+    max_num_seqs: dict[Role, int] = field(default_factory=dict)
+    """Sequences one replica's engine runs at once per role (vLLM `max_num_seqs`); the schedulers
+    admit no more per replica. Absent = no cap."""
 
 
 #: Weight of a new measurement in the `tau_shift` average (recent shifts matter most).
@@ -75,7 +86,8 @@ class Controller:
         self.env = env
         self.pipe = SamplePipeline(env.prompts_per_step, env.group_size, env.steps, env.staleness)
         self.sched: dict[Role, ShiftAwareScheduler] = {
-            r: ShiftAwareScheduler(r, env.models[r], kv_reserve=env.kv_reserve) for r in INFERENCE_ROLES}
+            r: ShiftAwareScheduler(r, env.models[r], kv_reserve=env.kv_reserve,
+                                   max_num_seqs=env.max_num_seqs.get(r)) for r in INFERENCE_ROLES}
         self.owner: list[Role | None] = [None] * env.num_devices
         self.active: dict[Role, dict[str, Slot]] = {r: {} for r in INFERENCE_ROLES}
         self.pending: set[int] = set()
@@ -87,6 +99,7 @@ class Controller:
         self.step_shifts = 0
         self.migrate = env.planner.migration
         self.kv_capacity: dict[Role, int] = dict(env.kv_capacity)
+        self._held: dict[int, list[Sequence]] = {}  # batch -> GenRM sequences (reward_batch_barrier)
         self.tau_shift: dict[Role, float] = dict(env.tau_shift)
         """Seconds one shift (up + down) of a replica of each role takes: the runtime's prior,
         then an exponential average of `ShiftDone.measured` (weight `TAU_EMA`)."""
@@ -173,7 +186,9 @@ class Controller:
     def release(self, now: float) -> list[Action]:
         """Release every batch the staleness bound and the mode allow, and dispatch."""
         released = False
-        while self.pipe.can_release() and self.may_release(self.pipe.next_release):
+        while (self.pipe.can_release() and self.may_release(self.pipe.next_release)
+               and (not self.env.batch_barrier or self.pipe.next_release <= self.pipe.version
+                    or self.pipe.rollouts_complete(self.pipe.next_release - 1))):
             b = self.pipe.next_release
             self.sched[Role.ROLLOUT].submit(self.pipe.release(self.env.prompts.prompts(b), now))
             released = True
@@ -191,11 +206,18 @@ class Controller:
         acts: list[Action] = []
         if ev.role == Role.ROLLOUT:
             rseq = self.pipe.response_done(ev.seq_id, ev.generated, ev.now)
-            acts += self.on_response(rseq, ev.now)
-            acts += self.dispatch(Role.ROLLOUT)
             b = self.pipe.batch_of(ev.seq_id)
+            if self.env.reward_batch_barrier:
+                self._held.setdefault(b, []).append(rseq)
+            else:
+                acts += self.on_response(rseq, ev.now)
+            acts += self.dispatch(Role.ROLLOUT)
             if self.pipe.rollouts_complete(b):
+                for held in self._held.pop(b, []):
+                    acts += self.on_response(held, ev.now)
                 acts += self.on_rollouts_complete(b, ev.now)
+                if self.env.batch_barrier:
+                    acts += self.release(ev.now)
         else:
             complete = self.pipe.reward_done(ev.seq_id, ev.generated, ev.now)
             acts += self.dispatch(Role.REWARD)

@@ -16,7 +16,7 @@ import time
 
 from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
 from pivotrl.deploy.base import ControlEnv, Controller, role_slots
-from pivotrl.deploy.events import Action, BatchReady, Record, ShiftDone, Tick, TrainingDone
+from pivotrl.deploy.events import Action, BatchReady, Dispatch, Record, ShiftDone, Tick, TrainingDone
 
 
 class PivotController(Controller):
@@ -99,7 +99,14 @@ class PivotController(Controller):
 
     # ------------------------------------------------------------------ hooks
     def on_tick(self, ev: Tick) -> list[Action]:
-        return self.plan(ev.now, "tick")
+        acts: list[Action] = []
+        pc = self.env.planner
+        if pc.rebalance and self.migrate:  # beyond the paper (deploy.planner.rebalance)
+            for role in INFERENCE_ROLES:
+                moves = self.sched[role].rebalance(pc.rebalance_min_gain)
+                if moves:
+                    acts.append(Dispatch(role, moves))
+        return acts + self.plan(ev.now, "tick")
 
     def on_batch_ready(self, ev: BatchReady) -> list[Action]:
         return self.try_train(ev.now) + self.plan(ev.now, "batch_ready")

@@ -19,6 +19,9 @@ is busy for their time and emits no tokens (vLLM runs prefill ahead of decode). 
 after another; a sequence removed before its prefill ran takes its unfinished prefill time with it
 (an engine drops a request it has not prefilled yet), so the stall of the rest shrinks by that much.
 
+Concurrency cap. At most `max_num_seqs` sequences run at once (vLLM's `max_num_seqs`); the
+scheduler admits no more, and any extra waits inside the engine like a preempted one.
+
 KV capacity. The scheduler admits by current lengths, so running sequences can outgrow the KV
 cache. Like vLLM's recompute preemption, the replica then pauses its most recently started sequence
 (tokens kept, engine-internal: the control plane is not told) and resumes paused ones, oldest first,
@@ -51,7 +54,8 @@ class SimReplica:
     """One replica of an inference role on `tp` devices."""
 
     def __init__(self, replica_id: str, model: ThroughputModel, tp: int, now: float,
-                 low_threshold: float = 0.0, kv_capacity: float = math.inf) -> None:
+                 low_threshold: float = 0.0, kv_capacity: float = math.inf,
+                 max_num_seqs: int | None = None) -> None:
         self.replica_id = replica_id
         self.model = model
         self.tp = tp
@@ -61,6 +65,7 @@ class SimReplica:
         self.k = 0.0
         self.runs: dict[int, _Run] = {}
         self.kv_capacity = float(kv_capacity)
+        self.max_num_seqs = max_num_seqs  # vLLM's cap on running sequences (None = none)
         self.paused: dict[int, tuple[int, int, int]] = {}  # preempted: seq -> (prompt, generated, target)
         self.preemptions = 0
         self._order = 0
@@ -172,7 +177,7 @@ class SimReplica:
         while self.paused:
             sid = next(iter(self.paused))
             prompt, gen, target = self.paused[sid]
-            if self.n and self.k + prompt + gen > 0.95 * self.kv_capacity:
+            if self.n and (self.k + prompt + gen > 0.95 * self.kv_capacity or not self._slot_free()):
                 break
             del self.paused[sid]
             self.add(sid, prompt, gen, target, self.model.prefill_time(prompt + gen))
@@ -183,7 +188,7 @@ class SimReplica:
         if seq_id in self.runs or seq_id in self.paused:
             raise RuntimeError(f"seq {seq_id} is already on {self.replica_id}")
         length = prompt_len + generated
-        if self.n and self.k + length > self.kv_capacity:  # no room: waits inside the engine
+        if self.n and (self.k + length > self.kv_capacity or not self._slot_free()):  # waits inside
             self.paused[seq_id] = (prompt_len, generated, target)
             self.epoch += 1
             return
@@ -196,6 +201,9 @@ class SimReplica:
         if prefill_s > 0:
             self._pf[seq_id] = [self.stall_until, prefill_s]
         self.epoch += 1
+
+    def _slot_free(self) -> bool:
+        return self.max_num_seqs is None or self.n < self.max_num_seqs
 
     def generated(self, seq_id: int) -> int:
         if seq_id in self.paused:

@@ -47,7 +47,7 @@ from pivotrl.sim.engine import SimReplica
 from pivotrl.sim.metrics import RunStats
 from pivotrl.sim.setup import SimSetup
 
-STUCK_S = 3600.0  # simulated seconds with only ticks happening = a deadlocked deployment
+STUCK_S = 3600.0  # simulated seconds with only ticks happening and nothing scheduled = deadlocked
 LOW_FRACTION = 0.2  # "below 20 % of peak per-device throughput" (paper Fig. 3)
 
 
@@ -166,7 +166,7 @@ class SimRuntime:
         t, kind, payload = nxt
         if kind not in ("tick", "sample"):
             self._last_progress = t
-        elif t - self._last_progress > STUCK_S:
+        elif t - self._last_progress > STUCK_S and not self._work_pending():
             raise RuntimeError(f"simulation of {self.ctrl.name} is stuck: nothing finished, shifted or "
                                f"trained for {STUCK_S:.0f} simulated seconds before t={t:.0f}s "
                                f"(state {self.ctrl.state()})")
@@ -184,6 +184,12 @@ class SimRuntime:
             self.training_finished()
             b, v, secs = payload
             yield TrainingDone(self.t, batch=b, version=v, seconds=secs, progress=self._snapshot())
+
+    def _work_pending(self) -> bool:
+        """A training step, shift or sequence completion is still scheduled (slow is not stuck)."""
+        if any(kind not in ("tick", "sample") for _, _, kind, _ in self._events):
+            return True
+        return any(rid in self.replicas and self.replicas[rid].epoch == ep for _, _, rid, ep in self._finishes)
 
     def _on_replica(self, rid: str) -> Iterator[Any]:
         rep = self.replicas[rid]
@@ -309,7 +315,8 @@ class SimRuntime:
             if s.role in INFERENCE_ROLES:
                 c = self.s.costs[s.role]
                 self.replicas[s.slot_id] = SimReplica(s.slot_id, c.model, c.tp, self.t,
-                                                      LOW_FRACTION * self.peak[s.role], c.kv_capacity)
+                                                      LOW_FRACTION * self.peak[s.role], c.kv_capacity,
+                                                      self.cfg.models.sim.max_num_seqs)
                 self.role_of[s.slot_id] = s.role
                 caps[s.slot_id] = c.kv_capacity
         return ShiftDone(self.t, plan=plan, kv_capacity=caps, seconds=(down_s, up_s), progress=self._snapshot())

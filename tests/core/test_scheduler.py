@@ -30,16 +30,102 @@ def test_dispatch_balances_by_gain_and_priority_order():
     s.check_invariants()
 
 
-def test_dispatch_respects_kv_capacity_and_reserve_and_blocks_in_order():
+def test_dispatch_respects_kv_capacity_and_reserve_and_skips_what_does_not_fit():
     s = make(1, cap=1000, reserve=100)
     s.submit([Sequence(0, Role.ROLLOUT, 500), Sequence(1, Role.ROLLOUT, 450), Sequence(2, Role.ROLLOUT, 10)])
     s.dispatch()
-    # seq 0 fits (500+100 <= 1000); seq 1 needs 550 > 500 free: it and everything behind it wait
-    assert s.where(0) == "r0" and s.where(1) == "queue" and s.where(2) == "queue"
+    # seq 0 fits (500+100 <= 1000); seq 1 needs 550 > 500 free: it waits, but seq 2 behind it runs
+    assert s.where(0) == "r0" and s.where(1) == "queue" and s.where(2) == "r0"
+    assert s.queued_sequences()[0].seq_id == 1  # it keeps its place at the head
     s.finish(0)
-    s.dispatch()
-    assert s.where(1) == "r0" and s.where(2) == "r0"
+    s.dispatch()  # capacity freed: the skipped sequence is tried again, first
+    assert s.where(1) == "r0"
     s.check_invariants()
+
+
+def test_a_sequence_that_fits_nowhere_does_not_block_the_queue():
+    # issue 14: a 17K-token resume left 64 short prompts queued with nothing dispatched
+    s = make(2, cap=16_384)
+    s.submit([Sequence(0, Role.ROLLOUT, 17_000)] + seqs(64, start=1, prompt=100))
+    s.dispatch()
+    assert s.where(0) == "queue" and s.queued() == 1
+    assert all(s.where(i) in ("r0", "r1") for i in range(1, 65))
+    s.shift_up([("big", 40_000)])  # room for it appears: the next dispatch takes it first
+    assert s.where(0) == "big"
+    s.check_invariants()
+
+
+def test_max_num_seqs_caps_each_replica_and_a_queue_forms():
+    s = ShiftAwareScheduler(Role.ROLLOUT, MODEL, max_num_seqs=3)
+    s.add_replicas([("r0", 10**6), ("r1", 10**6, 1)])  # r1's engine reports its own cap
+    s.submit(seqs(6))
+    s.dispatch()
+    assert s.replicas["r0"].n == 3 and s.replicas["r1"].n == 1 and s.queued() == 2
+    s.finish(s.queued_sequences()[0].seq_id - 1)  # one running sequence finishes
+    s.dispatch()
+    assert s.queued() == 1 and s.replicas["r0"].n + s.replicas["r1"].n == 4
+    s.check_invariants()
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        s.add_replicas([("r2", 100, 0)])
+
+
+def test_refused_calls_leave_the_scheduler_unchanged():
+    # issue 12: a refused call used to leave a half-open journal (next submit: bare KeyError)
+    # and shift_up([ok, cap 0]) a half-added replica
+    s = make(2, cap=1000)
+    s.submit(seqs(3))
+    s.dispatch()
+    s.submit(seqs(2, start=3, prompt=900))
+    s.dispatch()
+
+    def state():
+        return (sorted((r, sorted(x.running), x.k, x.max_seqs) for r, x in s.replicas.items()),
+                [q.seq_id for q in s.queued_sequences()], s.throughput())
+
+    before = state()
+    with pytest.raises(KeyError):
+        s.abort("nope")
+    with pytest.raises(ValueError):
+        s.abort("r0", "longest")
+    with pytest.raises(ValueError):
+        s.shift_up([("r0", 100)])  # duplicate id
+    with pytest.raises(ValueError):
+        s.shift_up([("new", 100), ("new2", 0)])  # ok + cap 0: neither is added
+    with pytest.raises(ValueError):
+        s.shift_up([("x", 100), ("x", 100)])
+    with pytest.raises(KeyError):
+        s.shift_down(["r0", "nope"])
+    with pytest.raises(ValueError):
+        s.shift_down(["r0", "r0"])
+    with pytest.raises(ValueError):
+        s.submit([Sequence(10, Role.ROLLOUT, 5), Sequence(0, Role.ROLLOUT, 5)])  # second is a duplicate
+    with pytest.raises(ValueError):
+        s.progress(0, -1)
+    with pytest.raises(ValueError):
+        s.advance("r0", -1)
+    with pytest.raises(KeyError):
+        s.finish(999)
+    assert state() == before
+    s.check_invariants()
+    s.submit(seqs(1, start=20))  # and it still works
+    s.dispatch()
+    s.check_invariants()
+
+
+def test_rebalance_moves_work_onto_idle_replicas_only_when_it_pays():
+    s = make(1, cap=10**6)
+    s.submit(seqs(200))  # compute-bound on one replica (C*N > B): splitting pays
+    s.dispatch()
+    s.add_replicas([("r1", 10**6), ("r2", 10**6)])  # idle replicas, empty queue
+    t0 = s.throughput()
+    assert s.rebalance(min_gain=10.0) == []  # a 1000 % gain is not on offer: nothing moves
+    moves = s.rebalance(min_gain=0.05)
+    assert moves and {m.kind for m in moves} == {"abort", "assign"}
+    assert s.throughput() > 1.05 * t0
+    assert s.replicas["r1"].n > 0 and s.replicas["r2"].n > 0
+    s.check_invariants()
+    s.submit(seqs(1, start=1000, prompt=10**7))  # a queued sequence: dispatch's job, no rebalance
+    assert s.rebalance() == []
 
 
 def test_prefers_replica_with_larger_gain():

@@ -12,12 +12,12 @@ DENSE = ThroughputModel(A=3.2e-8, B=10.9e-3, C=0.139e-3, D=1.4e-3)
 MOE = ThroughputModel(A=1.4e-8, B=10.9e-3, C=0.0235e-3, D=3.3e-3, moe_floor=0.0483, moe_k_over_e=1 / 16)
 
 
-def state(seed, model):
+def state(seed, model, max_seqs=None):
     rng = random.Random(seed)
     R = rng.choice([2, 4, 8, 12])
     cap = rng.choice([150_000, 400_000, 1_300_000])
     per = rng.choice([8, 32, 64])
-    s = ShiftAwareScheduler(Role.ROLLOUT, model, kv_reserve=rng.choice([0, 64]))
+    s = ShiftAwareScheduler(Role.ROLLOUT, model, kv_reserve=rng.choice([0, 64]), max_num_seqs=max_seqs)
     s.add_replicas([(f"r{i}", cap) for i in range(R)])
     seqs = [Sequence(i, Role.ROLLOUT, rng.randint(50, 2000), generated=min(15000, int(rng.lognormvariate(6.5, 1.0))))
             for i in range(int(R * per * rng.choice([1.0, 1.5])))]
@@ -28,8 +28,9 @@ def state(seed, model):
 
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("model", [DENSE, MOE], ids=["dense", "moe"])
-def test_summary_tracks_migration(seed, model):
-    s, R, cap = state(seed, model)
+@pytest.mark.parametrize("max_seqs", [None, 40], ids=["nocap", "cap40"])
+def test_summary_tracks_migration(seed, model, max_seqs):
+    s, R, cap = state(seed, model, max_seqs)
     ex, su = MigrateWhatIf(s), SummaryWhatIf(s)
     assert su.now() == pytest.approx(ex.now())
     for k in sorted({1, max(1, R // 2), R}):

@@ -120,3 +120,20 @@ def test_removing_a_sequence_before_its_prefill_ran_takes_its_prefill_with_it():
     rep2.add(1, 1000, 0, 50, 1.0)
     t = rep2.next_finish()
     assert t == pytest.approx(2.5 + rep2.time_for(50))
+
+
+def test_max_num_seqs_caps_running_sequences_and_the_rest_wait_inside():
+    rep = SimReplica("r", MODEL, 1, 0.0, max_num_seqs=2)
+    for i in range(5):
+        rep.add(i, 100, 0, 50 + 10 * i, prefill_s=0.0)
+    assert rep.n == 2 and len(rep.paused) == 3
+    done = {}
+    while not rep.empty:
+        t = rep.next_finish()
+        assert t is not None
+        rep.advance(t)
+        assert rep.n <= 2
+        while (item := rep.pop_finished()) is not None:
+            done[item[0]] = item[1]
+            rep.resume()
+    assert done == {i: 50 + 10 * i for i in range(5)}

@@ -1,0 +1,65 @@
+"""The baseline calibration (artifact/calibrate): its loss matches the unordered 1.5b pair in the
+better order, it never reads pivot's figure, its grid stays inside the declared ranges, and
+`--write` marks every fitted line in the yaml with its residuals."""
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+
+from artifact.calibrate import run as cal
+
+
+def test_loss_uses_the_better_order_of_an_unordered_pair():
+    paper = {"colocated": [25405, 27184], "disaggregated": 31176, "rr_colocated": [27184, 25405]}
+    sim = {"colocated": 27184.0, "disaggregated": 31176.0, "rr_colocated": 25405.0}
+    loss, matched = cal.group_loss(sim, paper)
+    assert loss == pytest.approx(0.0) and matched["colocated"] == 27184
+    loss2, _ = cal.group_loss({**sim, "disaggregated": 2 * 31176.0}, paper)
+    assert loss2 == pytest.approx(math.log(2) ** 2)
+
+
+def test_pivot_is_held_out_and_grids_stay_in_range():
+    paper = cal.paper_baselines()
+    assert all(set(d) == set(cal.BASELINES) for d in paper.values())  # no pivot value is read
+    assert set(paper) == set(cal.GROUPS)
+    for c in cal.CONSTANTS:
+        assert all(c.lo <= v <= c.hi for v in c.grid) and c.lo <= c.start <= c.hi
+        assert c.key.startswith(("cluster.hardware.", "models.")) and "pivot" not in c.key
+
+
+def test_write_marks_fitted_lines(monkeypatch, tmp_path):
+    root = tmp_path
+    for sub in ("conf/models", "conf/cluster"):
+        (root / sub).mkdir(parents=True)
+    for g in cal.GROUPS:
+        shutil.copy(cal.ROOT / "conf" / "models" / f"{g}.yaml", root / "conf" / "models" / f"{g}.yaml")
+    shutil.copy(cal.ROOT / "conf" / "cluster" / "sim.yaml", root / "conf" / "cluster" / "sim.yaml")
+    monkeypatch.setattr(cal, "ROOT", root)
+    fit = cal.Fitter.__new__(cal.Fitter)
+    fit.groups = list(cal.GROUPS)
+    fit.params = {"mfu": {"H20": 0.28}, "flops_dense": {"H20": 80e12}, "flops_moe": {"H20": 40e12},
+                  "genrm_median": {v: 3500.0 for v in cal.GENRM_OF.values()},
+                  "step_offset": {g: 150.0 for g in cal.GROUPS}}
+    rows = [{"models": g, "deploy": m, "ratio": 1.1} for g in cal.GROUPS for m in cal.BASELINES]
+    cal.write_yaml(fit, rows)
+    for g in cal.GROUPS:
+        text = (root / "conf" / "models" / f"{g}.yaml").read_text()
+        assert "genrm: {median: 3500, sigma: 0.8, max_len: 20480}   # E, fitted to Fig. 9 baselines" in text
+        assert "step_offset: 150   # E, fitted to Fig. 9 baselines" in text and "disaggregated x1.10" in text
+    hw = (root / "conf" / "cluster" / "sim.yaml").read_text()
+    assert "mfu: 0.28   # E, fitted to Fig. 9 baselines" in hw
+    assert "flops_dense: 80.0e+12   # E, fitted to Fig. 9 baselines" in hw and "flops_moe: 40.0e+12" in hw
+    cal.write_yaml(fit, rows)  # idempotent: a second fit rewrites the same lines
+    assert (root / "conf" / "cluster" / "sim.yaml").read_text().count("mfu:") == 1
+
+
+def test_implied_mfu_grows_with_the_throughput_it_must_explain():
+    from artifact.calibrate.bounds import implied_mfu
+
+    lo, hi = implied_mfu("qwen7b_qwen30b", 11_711), implied_mfu("qwen7b_qwen30b", 22_822)
+    assert lo["tokens_per_step"] == hi["tokens_per_step"] > lo["policy_tokens_per_step"] > 0
+    assert lo["train_devices"] == 8  # Table 4's training home set
+    assert 0 < lo["min_mfu"] < hi["min_mfu"]
+    assert hi["step_s_at_paper"] == pytest.approx(hi["tokens_per_step"] / 22_822)
