@@ -16,6 +16,10 @@ from pathlib import Path
 from pivotrl.config.base import check, finite
 
 _DTYPES = ("float32", "bfloat16", "float16")
+
+#: Held-out problems the synthetic task generates (a fixed pool; `data.val_size` picks how many of
+#: them a run evaluates, so that setting never changes the cached task or the tiny models).
+SYNTHETIC_VAL_ROWS = 1000
 _EXTRACTORS = ("strict", "flexible")
 
 
@@ -32,8 +36,9 @@ class DataConfig:
     num_train: int = 4000
     """Synthetic train prompts (the synthetic task only)."""
     val_size: int = 200
-    """Held-out prompts: the synthetic task generates this many, and at most this many rows of
-    `val_path` are evaluated (`val_accuracy_before/after`, and the bootstrap's report)."""
+    """Held-out prompts evaluated (`val_accuracy_before/after`): the first `val_size` rows of
+    `val_path`, or of the synthetic task's fixed held-out pool (`SYNTHETIC_VAL_ROWS`). Not part of
+    the bootstrap cache key: changing it never rebuilds the tiny models."""
     val_samples: int = 2
     """Sampled responses per held-out prompt: `val_accuracy_*` is their accuracy at the rollout
     temperature (greedy accuracy is reported beside it as `val_accuracy_greedy_*`)."""
@@ -62,8 +67,8 @@ class DataConfig:
 
     def synthetic(self) -> dict:
         """The fields that define the synthetic task (its cache identity)."""
-        return {k: getattr(self, k) for k in ("num_train", "val_size", "seed", "min_operand", "max_operand")} | {
-            "ops": list(self.ops)}
+        return {k: getattr(self, k) for k in ("num_train", "seed", "min_operand", "max_operand")} | {
+            "ops": list(self.ops), "val_rows": SYNTHETIC_VAL_ROWS}
 
 
 @dataclass

@@ -109,7 +109,8 @@ def check_fit(cfg: Any, policy_spec: Any, genrm_spec: Any) -> None:
 
 
 def load_val_examples(path: Path, limit: int) -> list:
-    """The held-out examples (at most `limit`); an empty or unreadable set is an error naming it."""
+    """The first `limit` held-out examples (`data.val_size`); an empty or unreadable set is an
+    error naming it, and so is a set with fewer rows than asked for."""
     from pivotrl.rl.data import load_examples
 
     try:
@@ -120,4 +121,6 @@ def load_val_examples(path: Path, limit: int) -> list:
     if not val:
         raise ConfigError("val_path", "a parquet with at least one row (held-out accuracy needs prompts)",
                           str(path), "data")
+    if len(val) < limit:
+        raise ConfigError("val_size", f"at most the {len(val)} held-out rows of {path}", limit, "data")
     return val

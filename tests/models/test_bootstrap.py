@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from pivotrl.config.rl import BootstrapConfig, DataConfig, TinyModelConfig
+from pivotrl.config.rl import SYNTHETIC_VAL_ROWS, BootstrapConfig, DataConfig, TinyModelConfig
 from pivotrl.models.bootstrap import bootstrap, cache_key, genrm_example, policy_example
 from pivotrl.models.tiny import load_tiny_model
 from pivotrl.rl.data import load_examples
@@ -35,7 +35,7 @@ def test_build_then_reuse(tmp_path, monkeypatch) -> None:
     for path in (first.policy_path, first.genrm_path):
         model, tok = load_tiny_model(path)
         assert model.config.hidden_size == 32 and tok.eos_token_id == model.config.eos_token_id
-    assert len(load_examples(first.train_path)) == 16 and len(load_examples(first.val_path)) == 4
+    assert len(load_examples(first.train_path)) == 16 and len(load_examples(first.val_path)) == SYNTHETIC_VAL_ROWS
     r = first.report
     assert 0.0 <= r["policy_val_accuracy_sampled_t1"] <= 1.0
     assert r["genrm_on_policy_samples"]["n"] == 4 and r["genrm_init"] == "policy"
@@ -68,6 +68,8 @@ def test_cache_key_depends_on_every_field() -> None:
     assert cache_key(tiny_cfg(), DATA) != cache_key(tiny_cfg(policy_label_noise=0.1), DATA)
     assert cache_key(tiny_cfg(), DATA) != cache_key(tiny_cfg(lr=1e-3), DATA)
     assert cache_key(tiny_cfg(), DATA) != cache_key(tiny_cfg(), DataConfig(num_train=16, val_size=4, seed=1))
+    # how many held-out prompts a run evaluates is not what the cache holds
+    assert cache_key(tiny_cfg(), DATA) == cache_key(tiny_cfg(), DataConfig(num_train=16, val_size=50))
     # where the cache lives is not what it holds
     assert cache_key(tiny_cfg(), DATA) == cache_key(tiny_cfg(cache_dir="/elsewhere"), DATA)
 
