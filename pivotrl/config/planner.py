@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pivotrl.config.base import ConfigError
+
 
 @dataclass
 class PlannerConfig:
@@ -26,6 +28,12 @@ class PlannerConfig:
     its closed-form counterpart on a per-role summary (fast; error bounded in tests/core)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.strategy, str):
+            from pivotrl.core.strategies import STRATEGIES  # core's registry (pure; no cycle at call time)
+
+            if self.strategy not in STRATEGIES:
+                raise ConfigError("strategy", f"one of {', '.join(sorted(STRATEGIES))} (core/strategies.py)",
+                                  self.strategy)
         if isinstance(self.horizon_s, (int, float)) and not self.horizon_s > 0:
             raise ValueError(f"deploy.planner.horizon_s (H) must be > 0 seconds, got {self.horizon_s}")
         if isinstance(self.tick_s, (int, float)) and not self.tick_s > 0:
