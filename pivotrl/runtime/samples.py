@@ -15,6 +15,9 @@ from typing import Any
 from pivotrl.core.types import Role
 from pivotrl.runtime.ledger import Tokens
 
+#: Tokens of room a judge prompt has beyond the user prompt and the response: the judge template.
+JUDGE_TEMPLATE_ROOM = 64
+
 
 @dataclass
 class LocalPrompt:
@@ -98,7 +101,7 @@ class Samples:
 
         ex = self.examples[self.example_of(sid)]
         # room for the response (at most max_response tokens) and the judge template around it
-        return self.encode(judge_messages(ex.prompt, self.text(response.ids)), extra=self.max_response + 64)
+        return self.encode(judge_messages(ex.prompt, self.text(response.ids)), extra=self.max_response + JUDGE_TEMPLATE_ROOM)
 
     def score(self, sid: int, response: Tokens, judgement: Tokens) -> Any:
         ex = self.examples[self.example_of(sid)]
