@@ -97,8 +97,10 @@ def test_kill_at_shift_down(ray_session, tiny_assets, tmp_path, hook):
     summary = run(make_local_cfg(tiny_assets, "colocated"), tmp_path)
     assert h.fired == [("shift_down", 1)]
     _finished(summary)
-    (d,) = _deaths(tmp_path)
-    assert d["device"] == 1 and d["why"].startswith("shift_down")
+    (d,) = _deaths(tmp_path)  # found by the shift down or by a poll already in flight: once either way
+    assert d["device"] == 1 and d["why"].split(":")[0] in ("shift_down", "poll")
+    down = [r for r in _timeline(tmp_path) if r["kind"] == "shift_timing" and r["role_up"] == "reward"][0]
+    assert down["dead"] == [1], "the reward shift found it dead and shifted its fresh actor up"
 
 
 def test_kill_at_shift_up(ray_session, tiny_assets, tmp_path, hook):
