@@ -172,7 +172,6 @@ class DeviceDriver:
             self.counts["lost_devices"] += 1
             self.polls.pop(d, None)
             self.monitor.forget(d)
-            self.record_event("device_lost", device=d, deaths=sum(1 for x in self.ex.deaths if x.device == d))
             yield DeviceLost(self.now, device=d)
 
     def _on_death(self, death: Death) -> Iterator[Any]:

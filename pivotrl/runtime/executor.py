@@ -1,10 +1,6 @@
 """Carry out the control plane's decisions on device actors: scheduler moves, shift plans, weights.
 
-Owns:
-- `ParamSource`: where shifted-up replicas read parameters from: the GPS
-  (`pivotrl.gps.GlobalParameterStore`, policy at its current version, GenRM frozen). The driver
-  reads a full-replica layout and ships it to the device through Ray's object store (one `put` per
-  version, shared by every device that reads it).
+Owns (parameters for shift up come from `params.ParamSource`, the GPS):
 - `Executor.execute_moves(role, moves)`: a scheduler's `Move`s, in order: `abort` = the engine's
   abort, which returns each sequence's tokens (kept by the runtime, so it resumes from them);
   `assign` = submit a fresh request, or a resume carrying the tokens generated so far.
@@ -35,13 +31,16 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable
 
 from pivotrl.core.scheduler import Move
 from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
 from pivotrl.runtime.device import spawn_device
 from pivotrl.runtime.faults import point
 from pivotrl.runtime.roles import RoleSpec, ShiftTiming
+
+if TYPE_CHECKING:
+    from pivotrl.runtime.params import ParamSource
 
 log = logging.getLogger(__name__)
 
@@ -51,75 +50,6 @@ def _dead(exc: BaseException) -> bool:
     import ray
 
     return isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError))
-
-
-class ParamSource:
-    """Versioned parameters for shift up, backed by the GPS (one driver-side store)."""
-
-    def __init__(self, store: Any) -> None:
-        self.store = store
-        # policy version = GPS version + offset (non-zero only after a resume, where GPS restarts
-        # at 0 but the policy continues from its checkpoint's version)
-        self.offset: dict[str, int] = {}
-        self._refs: dict[tuple[str, int], Any] = {}
-        self._lock = threading.Lock()
-
-    @classmethod
-    def create(cls, gps_cfg: Any = None, num_nodes: int = 1) -> "ParamSource":
-        from pivotrl.config.gps import GPSConfig
-        from pivotrl.gps.store import GlobalParameterStore
-
-        return cls(GlobalParameterStore(gps_cfg or GPSConfig(), num_nodes=num_nodes))
-
-    def register_hf(self, model: str, path: str, frozen: bool) -> int:
-        """Register `model` from a Hugging Face folder as version 0 (GPS's own importer)."""
-        from pivotrl.gps.hf_io import import_hf
-
-        return int(import_hf(self.store, model, path, frozen=frozen))
-
-    def publish(self, model: str, state_dict: Mapping[str, Any]) -> int:
-        """Write a new version of `model` (atomic for readers); returns it. Names GPS does not
-        store are dropped: a tied `lm_head.weight` is the embedding, which GPS already holds."""
-        spec = self.store.spec(model)
-        v = int(self.store.load_state_dict(model, {k: v for k, v in state_dict.items() if k in spec}))
-        return v + self.offset.get(model, 0)
-
-    def restore(self, model: str, state_dict: Mapping[str, Any], version: int) -> None:
-        """Publish a checkpoint's weights as policy `version` (resume)."""
-        gps_v = int(self.store.load_state_dict(model, {k: v for k, v in state_dict.items()
-                                                       if k in self.store.spec(model)}))
-        self.offset[model] = int(version) - gps_v
-
-    def _gps_version(self, model: str) -> int:
-        return int(self.store.current_version(model))
-
-    def version(self, model: str) -> int:
-        return self._gps_version(model) + self.offset.get(model, 0)
-
-    def read(self, model: str) -> tuple[Any, int]:
-        """(Ray object ref of the full state dict, version): one consistent GPS version."""
-        import ray
-
-        from pivotrl.gps.layout import Layout
-        from pivotrl.gps.planner import Device
-
-        with self._lock:
-            gv = self._gps_version(model)
-            v = gv + self.offset.get(model, 0)
-            ref = self._refs.get((model, v))
-            if ref is None:
-                dev = Device(0, 0)
-                res = self.store.read(model, [dev], Layout(), version=gv)
-                ref = ray.put({k: t.clone() for k, t in res.shards[dev].items()})
-                res.release()
-                # keep only the newest version of each model pinned in the object store
-                self._refs = {k: r for k, r in self._refs.items() if k[0] != model}
-                self._refs[(model, v)] = ref
-            return ref, v
-
-    def close(self) -> None:
-        self._refs.clear()
-        self.store.close()
 
 
 @dataclass
@@ -192,7 +122,7 @@ def measured_shift_seconds(timings: list[dict[str, Any]]) -> dict[Role, float]:
 class Executor:
     """Executes moves and shift plans on the device actors of one cluster."""
 
-    def __init__(self, cluster: Any, specs: Callable[[Slot, int], RoleSpec], params: ParamSource,
+    def __init__(self, cluster: Any, specs: Callable[[Slot, int], RoleSpec], params: "ParamSource",
                  model_of: dict[Role, str], max_respawns: int = 3, respawn_window_s: float = 600.0,
                  train_recovery: Callable[[int], None] | None = None) -> None:
         self.cluster = cluster
@@ -206,7 +136,6 @@ class Executor:
         self.actors: dict[int, Any] = {d: spawn_device(cluster, d) for d in range(cluster.spec.num_devices)}
         self.role_of: dict[int, Role | None] = {d: None for d in self.actors}
         self.generation: dict[int, int] = {d: 0 for d in self.actors}
-        self.lost_role: dict[int, Role | None] = {}  # role a device held when it was last replaced
         self.slots: dict[str, Slot] = {}  # replica id -> its slot (every slot ever shifted up)
         self.shift_log: list[dict[str, Any]] = []
         self.deaths: list[Death] = []  # every death, in order (the run's one count)
@@ -290,10 +219,6 @@ class Executor:
         if slot is None:
             raise ValueError(f"replica {replica_id!r} was never shifted up on this cluster")
         return slot.first_device
-
-    def take_lost_role(self, device: int) -> Role | None:
-        """The role `device` held when it was last replaced (once; None if it held none)."""
-        return self.lost_role.pop(device, None)
 
     def rehost(self, slot: Slot) -> None:
         """Shift a respawned, roleless device up to `slot` again (cold: a fresh engine, weights from

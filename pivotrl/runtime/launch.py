@@ -38,7 +38,8 @@ class Launch:
     def start(self) -> None:
         """GPS first (a resume restores the policy there), then the cluster and its devices."""
         from pivotrl.runtime.cluster import ClusterSpec, start_cluster
-        from pivotrl.runtime.executor import Executor, ParamSource
+        from pivotrl.runtime.executor import Executor
+        from pivotrl.runtime.params import ParamSource
 
         self.params = ParamSource.create(self.cfg.cluster.gps)
         self.params.register_hf("policy", str(self.policy_path), frozen=False)

@@ -93,7 +93,8 @@ def test_device_killed_before_shift_up_is_respawned_and_shifted(ray_session, tin
     from pivotrl.config.engine import EngineConfig
     from pivotrl.core.types import Role, ShiftPlan, Slot
     from pivotrl.runtime.cluster import ClusterSpec, start_cluster
-    from pivotrl.runtime.executor import Executor, ParamSource
+    from pivotrl.runtime.executor import Executor
+    from pivotrl.runtime.params import ParamSource
     from pivotrl.runtime.roles import RoleSpec
 
     ray = ray_session
