@@ -72,7 +72,19 @@ class ClusterConfig:
     hardware: HardwareProfile = field(default_factory=HardwareProfile)
     """Accelerator profile (sim time model)."""
     address: str | None = None
-    """Ray cluster address for `ray` (`host:port` of a running head); ignored elsewhere."""
+    """Ray to run on: `host:port` of a running head (joined within `connect_timeout_s`), or `local`
+    (a private head of this run: its own temp dir and port, stopped at the end). null: `local` on
+    `cluster=local`; `cluster=ray` then asks for an address. `auto` is refused: it can attach to
+    another user's Ray on the same machine."""
+    connect_timeout_s: float = 30.0
+    """Real runtimes: seconds to wait for the Ray head at `address` before failing with how to
+    start one."""
+    max_respawns: int = 3
+    """Real runtimes: a device whose actor dies more than this many times within
+    `respawn_window_s` leaves the pool for good (a crash loop); its sequences go back to the queue
+    and the run goes on with fewer devices, or stops naming the role that can no longer run."""
+    respawn_window_s: float = 600.0
+    """Real runtimes: the window (seconds) over which `max_respawns` counts a device's deaths."""
     accelerator: str | None = None
     """What a device is on the real runtimes: `cpu` (gloo, CPU engines) or `cuda` (NCCL, GPUs);
     null = cpu on `local`, cuda on `ray`."""
@@ -102,5 +114,15 @@ class ClusterConfig:
                   getattr(self, name))
         check(finite(self.tau_shift_prior_s) and self.tau_shift_prior_s >= 0, "tau_shift_prior_s",
               "a finite number >= 0", self.tau_shift_prior_s)
+        check(self.address is None or (isinstance(self.address, str) and self.address.strip() != ""
+                                        and self.address != "auto"), "address",
+              "null, `local` (a private Ray head for this run) or `host:port` of a running head "
+              "(`auto` could attach to another user's Ray on this machine)", self.address)
+        check(finite(self.connect_timeout_s) and self.connect_timeout_s > 0, "connect_timeout_s",
+              "a finite number > 0", self.connect_timeout_s)
+        check(isinstance(self.max_respawns, int) and not isinstance(self.max_respawns, bool)
+              and self.max_respawns >= 0, "max_respawns", "an int >= 0", self.max_respawns)
+        check(finite(self.respawn_window_s) and self.respawn_window_s > 0, "respawn_window_s",
+              "a finite number > 0", self.respawn_window_s)
         check(self.max_wall_s is None or (finite(self.max_wall_s) and self.max_wall_s > 0), "max_wall_s",
               "null or a finite number > 0", self.max_wall_s)

@@ -4,6 +4,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from pivotrl.registry import Registry
+
+#: `deploy.planner.strategy` -> the strategy class (pure control plane, imported on first use).
+STRATEGIES: Registry[type] = Registry("deploy.planner.strategy", {
+    "pivot": "pivotrl.core.strategies:PivotStrategy",
+    "static": "pivotrl.core.strategies:StaticStrategy",
+    "rule": "pivotrl.core.strategies:RuleStrategy",
+    "vanilla": "pivotrl.core.strategies:VanillaStrategy",
+})
+#: `deploy.planner.evaluation` -> how the planner evaluates a candidate (pivotrl/core/whatif.py).
+EVALUATIONS: Registry[type] = Registry("deploy.planner.evaluation", {
+    "migrate": "pivotrl.core.whatif:MigrateWhatIf",
+    "summary": "pivotrl.core.whatif:SummaryWhatIf",
+})
+
 
 @dataclass
 class PlannerConfig:
@@ -43,13 +58,12 @@ class PlannerConfig:
                 raise ValueError(f"deploy.planner.{f.name} must be a finite number, got {v}")
         if isinstance(self.rebalance_min_gain, (int, float)) and self.rebalance_min_gain < 0:
             raise ValueError(f"deploy.planner.rebalance_min_gain must be >= 0, got {self.rebalance_min_gain}")
+        STRATEGIES.check(self.strategy)
         if isinstance(self.horizon_s, (int, float)) and not self.horizon_s > 0:
             raise ValueError(f"deploy.planner.horizon_s (H) must be > 0 seconds, got {self.horizon_s}")
         if isinstance(self.tick_s, (int, float)) and not self.tick_s > 0:
             raise ValueError(f"deploy.planner.tick_s must be > 0 seconds, got {self.tick_s}")
-        if isinstance(self.evaluation, str) and self.evaluation not in ("migrate", "summary"):
-            raise ValueError(f"deploy.planner.evaluation={self.evaluation!r}: allowed values are "
-                             f"'migrate', 'summary'")
+        EVALUATIONS.check(self.evaluation)
         if (isinstance(self.rule_up_kv, (int, float)) and isinstance(self.rule_down_kv, (int, float))
                 and not 0.0 <= self.rule_down_kv < self.rule_up_kv <= 1.0):
             raise ValueError(f"deploy.planner.rule_down_kv ({self.rule_down_kv}) and rule_up_kv "

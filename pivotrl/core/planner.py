@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from pivotrl.config.planner import PlannerConfig
+from pivotrl.config.planner import EVALUATIONS, PlannerConfig
 from pivotrl.core.scheduler import ShiftAwareScheduler
 from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
-from pivotrl.core.whatif import EVALUATORS, WhatIf
+from pivotrl.core.whatif import WhatIf
 
 _UNKNOWN_CAPACITY = 1 << 40
 
@@ -290,9 +290,7 @@ class PivotPlanner:
         self.migration = cfg.migration if migration is None else migration
         self.zero_one = zero_one
         ev = getattr(cfg, "evaluation", "summary")
-        if ev not in EVALUATORS:
-            raise ValueError(f"deploy.planner.evaluation={ev!r}: allowed values are {sorted(EVALUATORS)}")
-        self.evaluator = EVALUATORS[ev]
+        self.evaluator = EVALUATIONS[ev]
         self._seen_capacity: dict[Role, int] = {}
 
     def capacity(self, view: ClusterView, role: Role) -> int:

@@ -1,6 +1,6 @@
 """Shift strategies by name (DESIGN §4.3 ablations, paper Fig. 11): `pivot`, `static`, `rule`, `vanilla`.
 
-Owns the registry `STRATEGIES` and `make_strategy(cfg)`. Every strategy has a `migration` attribute:
+Owns the strategies and `make_strategy(cfg)`; their names are `pivotrl.config.planner.STRATEGIES`. Every strategy has a `migration` attribute:
 whether executors should run shift-up migration (Alg. 4) when they carry out its plans (vanilla:
 False whatever the config says). Every strategy has `decide(view) -> Decision`
 and shares step 1's training rule (a ready batch pulls training onto its home devices), so the
@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from pivotrl.config.planner import PlannerConfig
+from pivotrl.config.planner import STRATEGIES, PlannerConfig
 from pivotrl.core.planner import (ClusterView, Decision, PivotPlanner, device_units, eq1_throughput, role_slots,
                                   training_decision)
 from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
@@ -211,18 +211,9 @@ class PivotStrategy(PivotPlanner):
         super().__init__(cfg)
 
 
-STRATEGIES: dict[str, type] = {"pivot": PivotStrategy, "static": StaticStrategy, "rule": RuleStrategy,
-                               "vanilla": VanillaStrategy}
-
-
 def make_strategy(cfg: PlannerConfig) -> Strategy:
-    """Build the strategy `cfg.strategy` names."""
-    try:
-        cls = STRATEGIES[cfg.strategy]
-    except KeyError:
-        raise ValueError(f"deploy.planner.strategy={cfg.strategy!r}: allowed values are "
-                         f"{', '.join(sorted(STRATEGIES))}") from None
-    return cls(cfg)
+    """Build the strategy `cfg.strategy` names (`pivotrl.config.planner.STRATEGIES`)."""
+    return STRATEGIES.build(cfg.strategy, cfg)
 
 
 __all__ = ["STRATEGIES", "Strategy", "make_strategy"]

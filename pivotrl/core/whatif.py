@@ -219,4 +219,3 @@ class SummaryWhatIf:
         return max(0.0, min(bal, full))
 
 
-EVALUATORS: dict[str, type] = {"migrate": MigrateWhatIf, "summary": SummaryWhatIf}

@@ -20,7 +20,7 @@ from pivotrl.core.scheduler import ShiftAwareScheduler
 from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import INFERENCE_ROLES, Role, Sequence, ShiftPlan, Slot
 from pivotrl.deploy.events import (
-    Action, BatchReady, Dispatch, Event, Finish, PublishWeights, Record, ReplicaLost, SequenceFinished,
+    Action, BatchReady, DeviceLost, Dispatch, Event, Finish, PublishWeights, Record, ReplicaLost, SequenceFinished,
     ShiftDone, Start, StartShift, StartTraining, StepDone, Tick, TrainingDone,
 )
 from pivotrl.deploy.pipeline import PromptSource, SamplePipeline
@@ -62,6 +62,10 @@ class ControlEnv:
     admit no more per replica. Absent = no cap."""
 
 
+class DeviceLostError(RuntimeError):
+    """A device left the pool and a role can no longer run without it."""
+
+
 #: Weight of a new measurement in the `tau_shift` average (recent shifts matter most).
 TAU_EMA = 0.5
 
@@ -79,6 +83,7 @@ class Controller:
 
     name = "base"
     tick_s: float | None = None  # monitor ticks wanted (None = none)
+    replans = False  # whether the mode shifts devices at run time (a role may regain devices)
 
     def __init__(self, env: ControlEnv) -> None:
         if env.num_devices < 1:
@@ -94,6 +99,8 @@ class Controller:
         self.in_flight: list[ShiftPlan] = []
         self.train_slot: Slot | None = None      # the training unit's slot while it holds devices
         self.training: bool = False
+        self.lost: set[int] = set()
+        """Devices that left the pool for good (`device_lost`): pending forever, in no plan."""
         self.step = 0
         self.num_shifts = 0
         self.step_shifts = 0
@@ -132,6 +139,54 @@ class Controller:
             s.abort(replica_id, "all")  # bookkeeping only: the fresh engine holds nothing to abort
         return acts + self.dispatch(role)
 
+    def device_lost(self, device: int, now: float) -> list[Action]:
+        """Device `device` left the pool for good (it crashed too often). Its replica is shifted down
+        (its sequences go back to the queue and are dispatched to the other replicas), and no plan
+        uses it again: it stays pending (the planner skips pending devices) and plans that name it
+        drop its slots. Raises `DeviceLostError` when a role can no longer run: the device belongs
+        to the training unit, or its role has no replica left and the mode never shifts devices."""
+        if not 0 <= device < self.env.num_devices:
+            raise ValueError(f"device {device} is not one of this controller's {self.env.num_devices} devices")
+        if self.train_slot is not None and device in self.train_slot.devices:
+            raise DeviceLostError(f"device {device} left the pool, and it is a training device: training "
+                                  f"cannot run without it (deploy={self.name})")
+        self.lost.add(device)
+        self.pending.add(device)
+        self.owner[device] = None
+        acts: list[Action] = [Record("device_lost", {"now": now, "device": device})]
+        for role in INFERENCE_ROLES:
+            gone = [rid for rid, s in self.active[role].items() if device in s.devices]
+            if not gone:
+                continue
+            for rid in gone:
+                del self.active[role][rid]
+            coming = any(s.role == role for p in self.in_flight for s in p.up)
+            if not self.active[role] and not coming and not self.replans:
+                raise DeviceLostError(f"device {device} left the pool with the last {role.value} replica, and "
+                                      f"deploy={self.name} does not shift devices at run time: {role.value} "
+                                      f"can no longer run")
+            moves = self.sched[role].shift_down(gone)
+            if moves:
+                acts.append(Dispatch(role, moves))
+        return acts
+
+    def _without_lost(self, plan: ShiftPlan) -> ShiftPlan:
+        """`plan` without the slots of lost devices (a training slot on one cannot run: an error)."""
+        def ok(s: Slot) -> bool:
+            return not any(d in self.lost for d in s.devices)
+
+        for s in plan.up + plan.down:
+            if s.role == Role.TRAIN and not ok(s):
+                raise DeviceLostError(f"the {self.name} plan needs training slot {s.slot_id}, but device(s) "
+                                      f"{sorted(d for d in s.devices if d in self.lost)} left the pool: training "
+                                      f"can no longer run")
+        up = [s for s in plan.up if ok(s)]
+        if plan.up and not up and plan.role_up in INFERENCE_ROLES and not self.active[plan.role_up] \
+                and not self.replans:
+            raise DeviceLostError(f"every device of the {plan.role_up.value} slots of this {self.name} plan left "
+                                  f"the pool: {plan.role_up.value} can no longer run")
+        return ShiftPlan(plan.role_up, up=up, down=[s for s in plan.down if ok(s)], penalty=plan.penalty)
+
     # ------------------------------------------------------------------ event entry
     def handle(self, ev: Event) -> list[Action]:
         """React to one event; return the actions to carry out, in order."""
@@ -151,6 +206,8 @@ class Controller:
             return self.on_batch_ready(ev)
         if isinstance(ev, ReplicaLost):
             return self.replica_lost(ev.role, ev.replica_id, ev.now)
+        if isinstance(ev, DeviceLost):
+            return self.device_lost(ev.device, ev.now)
         raise TypeError(f"unknown event {type(ev).__name__}")
 
     def _apply_progress(self, progress: dict[Role, dict[int, int]]) -> None:
@@ -265,7 +322,12 @@ class Controller:
         return out
 
     def start_shift(self, plan: ShiftPlan, now: float) -> list[Action]:
-        """Begin a plan: move sequences off down replicas now, mark devices pending, ask the runtime."""
+        """Begin a plan: move sequences off down replicas now, mark devices pending, ask the runtime.
+        Slots on lost devices are left out (`device_lost`)."""
+        if self.lost:
+            plan = self._without_lost(plan)
+            if plan.empty:
+                return []
         acts: list[Action] = []
         for role in INFERENCE_ROLES:
             ids = [s.slot_id for s in plan.down if s.role == role]
@@ -306,6 +368,7 @@ class Controller:
             self.tau_shift[role] = secs if old is None else (1 - TAU_EMA) * old + TAU_EMA * secs
         for s in plan.down + plan.up:
             self.pending.difference_update(s.devices)
+        self.pending |= self.lost
         acts: list[Action] = []
         ups = [s for s in plan.up if s.role in INFERENCE_ROLES]
         if ups:

@@ -90,6 +90,13 @@ class ReplicaLost(Event):
 
 
 @dataclass
+class DeviceLost(Event):
+    """Device `device` left the pool for good (its actor crashed too often): no role may use it."""
+
+    device: int = -1
+
+
+@dataclass
 class Tick(Event):
     """Monitor tick (every `deploy.planner.tick_s`), with the engines' token counts."""
 

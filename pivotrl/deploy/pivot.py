@@ -23,6 +23,7 @@ class PivotController(Controller):
     """Planner-driven shifting between rollout, reward and training."""
 
     name = "pivot"
+    replans = True
 
     def __init__(self, env: ControlEnv) -> None:
         super().__init__(env)

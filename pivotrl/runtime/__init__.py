@@ -10,13 +10,16 @@ Files (bottom-up):
   role; a background loop steps its engine; poll/abort/submit/shift/train calls.
 - `roles.py`: each role's context in four categories (temporary, parameters, offloadable,
   preserved) and the timed `shift_down` / `shift_up` halves.
-- `executor.py`: scheduler moves and shift plans carried out on the actors; GPS-backed parameter
-  reads; respawn and re-host of dead actors; measured shift times for the controller.
+- `params.py`: `ParamSource`, the GPS-backed parameters a shifted-up replica reads.
+- `executor.py`: scheduler moves and shift plans carried out on the actors; respawn and re-host
+  of dead actors (each death recorded once), crash-loop flags, the trainer rebuilt from a
+  checkpoint when a rank's state died; measured shift times for the controller.
 - `monitor.py`: per-role workload state and the online throughput-model fit (core's fit).
 - `assets.py`: which checkpoints and data a run loads; `evaluation.py`: prompt encoding and
   held-out accuracy; `samples.py`: requests, judge prompts, rewards, train batches;
   `ledger.py`: the truth about every sequence (tokens with behaviour log-probs).
 - `launch.py`: the devices of a real run (cluster, executor, GPS, resume checkpoint).
+- `faults.py`: named fault points of the device loop (test hooks for deterministic kill tests).
 - `driver.py`: the real devices' `Driver`; `real.py`: `run_real` (`cluster=local|ray`);
   `inproc.py`: the synchronous loop in one process (`cluster=inproc`).
 The control plane (core, deploy) is imported, never copied: tests/runtime/test_same_control_plane.py.

@@ -10,6 +10,12 @@ device. Device `d` is bundle `d % node_size` of group `d // node_size`. The devi
 
 Knows nothing about roles, engines or the control plane.
 
+Joining Ray: `cluster.address=host:port` is probed and joined within `connect_timeout_s`, else a
+`ClusterConnectError` that says how to start a head; `local` (the default of `cluster=local`)
+starts a private head with its own temp dir and port, stopped through this driver's own
+`ray.shutdown()` (never `ray stop`, which would stop other users' Ray too); `auto` is refused. The
+address in use is logged.
+
 Errors: asking for more devices than the cluster's resources is a `ClusterResourceError` at start
 that names both numbers (and the resource). Teardown (`Cluster.shutdown`, or the
 `cluster_session` context manager) removes the placement groups and shuts Ray down if this module
@@ -35,6 +41,23 @@ class ClusterResourceError(RuntimeError):
     """The cluster cannot hold the devices the config asks for."""
 
 
+class ClusterConnectError(RuntimeError):
+    """No Ray head to join (nothing listens at `cluster.address`, or it did not answer in time)."""
+
+
+AUTO_REFUSED = ("cluster.address=auto is refused: it attaches to whatever Ray runs on this machine, "
+                "maybe another user's; use cluster.address=local (a private head for this run) or "
+                "cluster.address=host:port of your head")
+
+
+def how_to_start(spec: "ClusterSpec") -> str:
+    """What to tell a user who has no Ray cluster to join."""
+    res = "--num-gpus=8" if spec.kind == "ray" else f"--resources='{{\"{DEVICE_RESOURCE}\": {spec.num_devices}}}'"
+    return (f"start a head with `ray start --head --port=6379 {res}` (and `ray start --address=HEAD:6379` "
+            f"on each worker node), then pass cluster.address=HEAD:6379; or cluster.address=local "
+            f"for a private head on this machine")
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """What a runtime asks of Ray (built from `cfg.cluster` by `ClusterSpec.from_config`)."""
@@ -48,9 +71,15 @@ class ClusterSpec:
     threads_per_device: int = 1
     """CPU threads each device actor may use (torch intra-op threads)."""
     address: str | None = None
-    """Ray address to attach to (`auto` = a running local cluster); None starts Ray (local only)."""
+    """`host:port` of a running Ray head to join, or `local` (a private head: own temp dir and
+    port); None: `local` for `kind=local`, an error naming both choices for `kind=ray`."""
     start_timeout_s: float = 60.0
     """Seconds to wait for the placement groups before declaring the cluster too small."""
+    connect_timeout_s: float = 30.0
+    """Seconds to wait for the head at `address` before failing with how to start one."""
+    declare_gpus: bool = False
+    """`kind=ray`, `address=local`: declare `num_devices` GPUs on the private head (a CPU machine
+    running the ray path with vLLM's CPU build and gloo, `cluster.accelerator=cpu`)."""
 
     def __post_init__(self) -> None:
         if self.kind not in RESOURCE_OF_KIND:
@@ -61,6 +90,8 @@ class ClusterSpec:
             raise ValueError(f"cluster.node_size must be >= 1, got {self.node_size}")
         if self.threads_per_device < 1:
             raise ValueError(f"cluster.threads_per_device must be >= 1, got {self.threads_per_device}")
+        if self.address == "auto":
+            raise ValueError(AUTO_REFUSED)
 
     @property
     def resource(self) -> str:
@@ -80,9 +111,12 @@ class ClusterSpec:
         n = num_devices if num_devices is not None else cluster_cfg.num_devices
         if n is None:
             raise ValueError("cluster.num_devices is null: resolve it (PivotConfig does) before starting Ray")
+        accel = getattr(cluster_cfg, "accelerator", None) or ("cuda" if kind == "ray" else "cpu")
         return cls(kind=str(kind), num_devices=int(n), node_size=int(cluster_cfg.node_size),
                    threads_per_device=int(getattr(cluster_cfg, "threads_per_device", 1)),
-                   address=getattr(cluster_cfg, "address", None))
+                   address=getattr(cluster_cfg, "address", None),
+                   connect_timeout_s=float(getattr(cluster_cfg, "connect_timeout_s", 30.0)),
+                   declare_gpus=str(kind) == "ray" and accel == "cpu")
 
 
 def cores_for_device(local_index: int, threads: int, available: list[int] | None = None) -> list[int] | None:
@@ -106,6 +140,10 @@ class Cluster:
     placement_groups: list[Any] = field(default_factory=list)
     started_ray: bool = False
     """True when `start_cluster` called `ray.init` (so `shutdown` calls `ray.shutdown`)."""
+    address: str | None = None
+    """The GCS address of the Ray in use (logged at start)."""
+    temp_dir: str | None = None
+    """The private head's own temp dir (`address=local`), removed at shutdown."""
 
     @property
     def resource(self) -> str:
@@ -159,41 +197,113 @@ class Cluster:
                 remove_placement_group(pg)
         self.placement_groups.clear()
         if self.started_ray:
-            ray.shutdown()
+            ray.shutdown()  # our own driver's session: a private head stops with it
             self.started_ray = False
+        if self.temp_dir is not None:
+            import shutil
+
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            self.temp_dir = None
 
 
-def _init_ray(spec: ClusterSpec) -> bool:
-    """Start or attach Ray; return True if this call started it."""
+def _probe(address: str, timeout_s: float) -> None:
+    """Raise `ClusterConnectError` unless something accepts TCP connections at `host:port`."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if address.startswith("ray://"):
+        host, _, port = address[len("ray://"):].rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterConnectError(f"cluster.address={address!r} is not host:port (or `local`)")
+    try:
+        with socket.create_connection((host, int(port)), timeout=min(timeout_s, 10.0)):
+            pass
+    except OSError as e:
+        raise ClusterConnectError(f"no Ray head answers at cluster.address={address} ({type(e).__name__}: "
+                                  f"{e})") from None
+
+
+def _join(address: str, timeout_s: float, kwargs: dict[str, Any]) -> None:
+    """`ray.init(address)` bounded by `timeout_s` (Ray itself retries for minutes)."""
+    import threading
+
+    import ray
+
+    out: dict[str, BaseException] = {}
+
+    def body() -> None:
+        try:
+            ray.init(address=address, **kwargs)
+        except BaseException as e:  # re-raised in the caller
+            out["error"] = e
+
+    t = threading.Thread(target=body, name="pivotrl-ray-join", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise ClusterConnectError(f"the Ray head at cluster.address={address} did not answer within "
+                                  f"cluster.connect_timeout_s={timeout_s:g}s")
+    if "error" in out:
+        e = out["error"]
+        raise ClusterConnectError(f"joining the Ray head at cluster.address={address} failed: "
+                                  f"{type(e).__name__}: {e}") from e
+
+
+def _init_ray(spec: ClusterSpec) -> tuple[bool, str | None]:
+    """Start or join Ray; return (whether this call started it, the private head's temp dir)."""
     import ray
 
     if ray.is_initialized():
-        return False
+        return False, None
     from pivotrl.logging.console import prepare_ray_init  # logging.verbose: Ray's console output
 
     kwargs: dict[str, Any] = dict(include_dashboard=False, configure_logging=False, **prepare_ray_init())
-    if spec.address is not None:
-        ray.init(address=spec.address, **kwargs)
-        return True  # our connection: disconnect at the end (the cluster itself stays up)
-    if spec.kind == "ray":
-        raise ClusterResourceError(
-            "cluster=ray needs cluster.address (e.g. `auto`) of a running Ray cluster with GPUs; "
-            "use cluster=local for virtual devices on this machine")
-    # Virtual devices: declare exactly num_devices of them. num_cpus is the real core count; the
-    # device actors claim no CPU (see Cluster.actor_options).
-    # address="local": always a fresh private instance, never someone else's running cluster.
-    ray.init(address="local", num_cpus=max(1, len(os.sched_getaffinity(0))),
-             resources={DEVICE_RESOURCE: float(spec.num_devices)}, **kwargs)
-    return True
+    address = spec.address
+    if address is None and spec.kind == "ray":
+        raise ClusterConnectError(f"cluster=ray needs a Ray cluster to join and cluster.address is null: "
+                                  f"{how_to_start(spec)}")
+    if address not in (None, "local"):
+        try:
+            _probe(address, spec.connect_timeout_s)
+            _join(address, spec.connect_timeout_s, kwargs)
+        except ClusterConnectError as e:
+            raise ClusterConnectError(f"{e}; {how_to_start(spec)}") from None
+        return True, None  # our connection: disconnect at the end (the cluster itself stays up)
+    # A private head ("local": always a fresh instance, never someone else's running cluster),
+    # with its own temp dir; it stops with this driver's `ray.shutdown()`. Virtual devices declare
+    # exactly num_devices of them; num_cpus is the real core count (the device actors claim no
+    # CPU, see Cluster.actor_options).
+    import tempfile
+
+    temp_dir = tempfile.mkdtemp(prefix="pivotrl-ray-")
+    res: dict[str, Any] = {}
+    if spec.kind == "local":
+        res["resources"] = {DEVICE_RESOURCE: float(spec.num_devices)}
+    elif spec.declare_gpus:
+        res["num_gpus"] = spec.num_devices
+    try:
+        ray.init(address="local", num_cpus=max(1, len(os.sched_getaffinity(0))), _temp_dir=temp_dir, **res,
+                 **kwargs)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        raise
+    return True, temp_dir
 
 
 def start_cluster(spec: ClusterSpec) -> Cluster:
-    """Start/attach Ray and reserve every device, or raise `ClusterResourceError` naming both numbers."""
+    """Start/attach Ray and reserve every device, or raise `ClusterResourceError` naming both numbers
+    (`ClusterConnectError` when there is no head to join, saying how to start one)."""
     import ray
     from ray.util.placement_group import placement_group
 
-    cluster = Cluster(spec=spec, started_ray=_init_ray(spec))
+    started, temp_dir = _init_ray(spec)
+    cluster = Cluster(spec=spec, started_ray=started, temp_dir=temp_dir)
     try:
+        cluster.address = ray.get_runtime_context().gcs_address
+        log.info("cluster: Ray at %s (%s)", cluster.address,
+                 "a private head of this run" if temp_dir else "joined" if started else "already connected")
         have = ray.cluster_resources().get(spec.resource, 0.0)
         if have < spec.num_devices:
             raise ClusterResourceError(

@@ -150,6 +150,24 @@ class DeviceWorker:
                 self._cv.notify_all()
             return timing
 
+    def drop_role(self, role: str) -> bool:
+        """Free `role`'s context on this device, preserved part included (shift it down first if
+        active); a later shift up builds it anew. Used when a training rank elsewhere died: the
+        survivors' process group is gone, so the trainer is rebuilt from a checkpoint."""
+        r = Role(role)
+        with self._step_lock:
+            host = self.hosts.pop(r, None)
+            if host is None:
+                return False
+            if host is self.active:
+                host.shift_down()
+                with self._cv:
+                    self.active = None
+                    self._reported.clear()
+                    self._cv.notify_all()
+            host.close()
+            return True
+
     # ------------------------------------------------------------------ inference
     def _engine(self) -> Any:
         if not isinstance(self.active, InferenceHost):

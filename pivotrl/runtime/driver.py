@@ -11,8 +11,16 @@ Decisions:
   come back through a queue and become events in `wait`: the controller sees one event at a time.
 - A completion is accepted only from the device the ledger placed that sequence on; one that
   raced an abort is delivered once, after the current actions. Trained ids are checked for repeats.
-- A dead inference device is respawned and re-hosts its replica (cold); its sequences go back to
-  the queue with their tokens (`ReplicaLost`). A dead training rank is fatal (its group is gone).
+- Deaths: whichever call finds a device dead respawns it (`Executor.respawn`, one `Death` each);
+  the driver takes each death once (`Executor.take_deaths`, the run's one count): a dead
+  inference device re-hosts its replica (cold) unless a shift holds it, and its sequences go back
+  to the queue with their tokens (`ReplicaLost`). Until then no move reaches its fresh actor. A
+  dead training rank stops the run saying how to resume; a lost offloaded trainer state (a
+  training-home device lent to inference) is rebuilt from the checkpoint at the policy's version
+  on the next training shift up (`Launch.recover_training`), or the run stops saying why.
+- Crash loops: a device that died more than `cluster.max_respawns` times within
+  `cluster.respawn_window_s` leaves the pool (`DeviceLost`, once no shift holds it); the run goes
+  on with fewer devices, or stops once a role can no longer run (`DeviceLostError`).
 - Behaviour log-probs travel with the tokens (`ledger.Tokens`) into `TrainBatch.old_log_probs`
   (`algo.off_policy` corrects staleness); a batch with unknown ones falls back to recomputed
   log-probs, counted as `logprobs_missing`.
@@ -27,9 +35,11 @@ from typing import Any, Iterator
 
 from pivotrl.core.types import INFERENCE_ROLES, Role, Slot
 from pivotrl.deploy.events import (
-    Dispatch, PublishWeights, Record, ReplicaLost, SequenceFinished, ShiftDone, StartShift, StartTraining,
+    DeviceLost, Dispatch, PublishWeights, Record, ReplicaLost, SequenceFinished, ShiftDone, StartShift, StartTraining,
     StepDone, Tick, TrainingDone,
 )
+from pivotrl.runtime.executor import Death, TrainingRankDied
+from pivotrl.runtime.faults import point
 from pivotrl.runtime.ledger import SequenceLedger, Tokens
 from pivotrl.runtime.monitor import Monitor
 from pivotrl.runtime.stats import RealStats
@@ -57,6 +67,8 @@ class DeviceDriver:
         self.poll_gen: dict[int, int] = {}
         self.threads: list[threading.Thread] = []
         self.deferred: list[tuple] = []
+        self.recorded_recoveries: list[dict[str, Any]] = []
+        self.to_retire: set[int] = set()  # crash-looping devices, retired once no shift holds them
         self.next_tick: float | None = None
         self.t0 = time.monotonic()
         self._last = 0.0
@@ -102,11 +114,8 @@ class DeviceDriver:
                 break
             yield from self._on_result(item)
         while self.deferred:
-            item = self.deferred.pop(0)
-            if item[0] == "dead":
-                yield from self._on_death(item[1], "found dead while executing moves", respawned=True)
-            else:
-                yield from self._complete(*item)
+            yield from self._complete(*self.deferred.pop(0))
+        yield from self._deaths()
         if self.next_tick is not None and self.now >= self.next_tick:
             self.next_tick = None
             yield Tick(self.now, progress=self.ledger.counts())
@@ -114,7 +123,7 @@ class DeviceDriver:
     def idle(self) -> bool:
         self.threads = [t for t in self.threads if t.is_alive()]
         return (not self.polls and not self.threads and self.results.empty() and not self.ledger.running()
-                and not self.deferred and not any(r in INFERENCE_ROLES for r in self.ex.role_of.values()))
+                and not self.deferred and not self.to_retire and not any(r in INFERENCE_ROLES for r in self.ex.role_of.values()))
 
     def _on_poll(self, d: int, ref: Any) -> Iterator[Any]:
         import ray
@@ -122,18 +131,20 @@ class DeviceDriver:
         try:
             res = ray.get(ref)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
-            yield from self._on_death(d, f"poll: {type(e).__name__}", self.poll_gen.get(d))
+            self.ex.respawn(d, f"poll: {type(e).__name__}", self.poll_gen.get(d))
             return
         if res.error is not None:
-            yield from self._on_death(d, f"engine error: {res.error}", self.poll_gen.get(d))
+            self.ex.respawn(d, f"engine error: {res.error}", self.poll_gen.get(d))
             return
         role = self.ex.role_of.get(d)
-        if role not in INFERENCE_ROLES or res.role != role.value:
-            return  # a poll that straddled a shift: nothing of this role is left on it
+        if role not in INFERENCE_ROLES or res.role != role.value or self.poll_gen.get(d) != self.ex.generation[d]:
+            return  # a poll that straddled a shift or a respawn: nothing of this role is left on it
         new = sum(self.ledger.progress(role, sid, Tokens.of(toks), d) for sid, toks in res.progress.items())
         self.monitor.ingest(role, d, res.stats, new)
         for c in res.completions:
             yield from self._complete(role, d, c)
+        if new:
+            point("poll", d, self.ex.actors[d])
 
     def _complete(self, role: Role, d: int, c: Any) -> Iterator[Any]:
         toks = Tokens.of(c.token_ids, c.logprobs)
@@ -150,28 +161,51 @@ class DeviceDriver:
         yield SequenceFinished(self.now, role=role, seq_id=c.seq_id, generated=len(toks),
                                replica_id=Slot(role, d, self.r.tp[role.value]).slot_id)
 
-    def _on_death(self, d: int, why: str, generation: int | None = None, respawned: bool = False) -> Iterator[Any]:
-        """Respawn `d`, re-host its replica, and send its sequences back to the queue with tokens.
+    def _deaths(self) -> Iterator[Any]:
+        """Each death the executor found since the last call, once; then the crash-looping
+        devices no shift holds any more leave the pool."""
+        for death in self.ex.take_deaths():
+            yield from self._on_death(death)
+        for d in sorted(self.to_retire - self.ctrl.pending_devices()):
+            self.to_retire.discard(d)
+            self.ex.retire(d)
+            self.counts["lost_devices"] += 1
+            self.polls.pop(d, None)
+            self.monitor.forget(d)
+            yield DeviceLost(self.now, device=d)
 
-        `generation` is that of the handle that failed: if someone already replaced the device (a
-        shift thread, which re-hosts it as part of its shift), nothing more is done here."""
-        if not respawned and not self.ex.respawn(d, why, generation):
-            return
-        role = self.ex.take_lost_role(d)
-        self.counts["device_deaths"] += 1
+    def _on_death(self, death: Death) -> Iterator[Any]:
+        """Send the sequences of a respawned device back to the queue with their tokens and
+        re-host its replica (mid-shift devices are re-hosted by their shift)."""
+        d, role = death.device, death.role
         self.monitor.forget(d)
         self.polls.pop(d, None)
         lost = self.ledger.lost(role, d) if role in INFERENCE_ROLES else []
-        self.record_event("device_death", device=d, role=getattr(role, "value", None), why=why, sequences=lost,
-                     tokens_kept={sid: len(self.ledger.tokens[role].get(sid, ())) for sid in lost})
-        if role == Role.TRAIN:
-            raise RuntimeError(f"device {d} (a training rank) died ({why}); its process group is lost")
+        self.record_event("device_death", device=d, role=getattr(role, "value", None), why=death.why,
+                          sequences=lost, generation=death.generation, held_train_state=death.held_train,
+                          crash_loop=death.crash_loop,
+                          tokens_kept={sid: len(self.ledger.tokens[role].get(sid, ())) for sid in lost})
+        self.counts["device_deaths"] += 1
+        # role TRAIN here: found dead while shifting training down; its state is rebuilt from the
+        # checkpoint on the next training shift up (a death during a step raises in `_train`)
+        if death.crash_loop:  # a training device among them stops the run in the controller
+            self.to_retire.add(d)
         if role not in INFERENCE_ROLES:
             return
         slot = Slot(role, d, self.r.tp[role.value])
-        if d not in self.ctrl.pending_devices():  # mid-shift devices are re-hosted by their shift
-            self.ex.rehost(slot)
+        if d not in self.ctrl.pending_devices() and not death.crash_loop:
+            import ray
+
+            try:
+                self.ex.rehost(slot)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
+                self.ex.respawn(d, f"re-host: {type(e).__name__}", death.generation)  # taken next round
         yield ReplicaLost(self.now, role=role, replica_id=slot.slot_id)
+
+    def training_died(self, devices: list[int], why: str) -> str:
+        """The error of a training rank's death: what was lost, and how to resume."""
+        return (f"device(s) {devices} (training rank) died ({why}); the trainer's process group is lost, so "
+                f"the run stops; {self.launch.resume_hint()}")
 
     # ------------------------------------------------------------------ threads
     def _spawn(self, fn, *args: Any) -> None:
@@ -193,13 +227,15 @@ class DeviceDriver:
             res = item[1]
             if res.error is not None:
                 raise res.error
-            self.counts["device_deaths"] += len(res.dead)
             for s in res.plan.down:
                 for d in s.devices:
                     self.monitor.forget(d)
+            for rec in self.ex.recoveries[len(self.recorded_recoveries):]:
+                self.recorded_recoveries.append(rec)
+                self.record_event("training_recovered", **rec)
             self.record_event("shift_timing", role_up=res.plan.role_up.value, down_s=res.seconds[0],
-                         up_s=res.seconds[1], devices=res.timings, dead=sorted(res.dead),
-                         measured={r.value: v for r, v in res.measured.items()})
+                              up_s=res.seconds[1], devices=res.timings, dead=sorted(res.dead),
+                              measured={r.value: v for r, v in res.measured.items()})
             yield ShiftDone(self.now, plan=res.plan, kv_capacity=res.kv_capacity, seconds=res.seconds,
                             progress=self.ledger.counts(), measured=res.measured)
         elif kind == "train":
@@ -224,16 +260,21 @@ class DeviceDriver:
             log.warning("batch %d: some samples have no behaviour log-probs; training them as on-policy", act.batch)
         t0 = time.perf_counter()
         ref = ray.put(batch)
-        metrics = self.ex.train_call(act.devices, "train_step", ref)[0]
-        full = self.ex.train_call(act.devices, "full_state_dict")[0]
-        secs = time.perf_counter() - t0
-        self.ex.params.publish("policy", full)
-        version = int(metrics["version"])
-        if version % self.cfg.train.checkpoint_every == 0:
-            from pivotrl.engines.trainer_checkpoint import checkpoint_dir
+        try:
+            for d in act.devices:
+                point("train", d, self.ex.actors[d])
+            metrics = self.ex.train_call(act.devices, "train_step", ref)[0]
+            full = self.ex.train_call(act.devices, "full_state_dict")[0]
+            secs = time.perf_counter() - t0
+            self.ex.params.publish("policy", full)
+            version = int(metrics["version"])
+            if version % self.cfg.train.checkpoint_every == 0:
+                from pivotrl.engines.trainer_checkpoint import checkpoint_dir
 
-            path = str(checkpoint_dir(self.launch.checkpoint_dir, version))
-            self.ex.train_call(act.devices, "save_checkpoint", path, {"step": version, "batch": act.batch})
+                path = str(checkpoint_dir(self.launch.checkpoint_dir, version))
+                self.ex.train_call(act.devices, "save_checkpoint", path, {"step": version, "batch": act.batch})
+        except TrainingRankDied as e:
+            raise RuntimeError(self.training_died(e.devices, f"during {e.method} of batch {act.batch}")) from None
         return ("train", act, metrics, secs)
 
     # ------------------------------------------------------------------ Driver: actions
@@ -255,8 +296,6 @@ class DeviceDriver:
         for d, c in res.finished:  # raced its abort: deliver once, after the current actions
             led.place(role, c.seq_id, d)
             self.deferred.append((role, d, c))
-        for d in res.dead:
-            self.deferred.append(("dead", d))
 
     def _request(self, role: Role, sid: int) -> Any:
         return self.s.request(role, sid, self.ledger.tokens[role].get(sid, Tokens()), self.ledger.judge_ids.get(sid))

@@ -1,10 +1,6 @@
 """Carry out the control plane's decisions on device actors: scheduler moves, shift plans, weights.
 
-Owns:
-- `ParamSource`: where shifted-up replicas read parameters from: the GPS
-  (`pivotrl.gps.GlobalParameterStore`, policy at its current version, GenRM frozen). The driver
-  reads a full-replica layout and ships it to the device through Ray's object store (one `put` per
-  version, shared by every device that reads it).
+Owns (parameters for shift up come from `params.ParamSource`, the GPS):
 - `Executor.execute_moves(role, moves)`: a scheduler's `Move`s, in order: `abort` = the engine's
   abort, which returns each sequence's tokens (kept by the runtime, so it resumes from them);
   `assign` = submit a fresh request, or a resume carrying the tokens generated so far.
@@ -13,9 +9,19 @@ Owns:
   measured durations go to the controller (`ShiftDone.measured`), which folds them into the
   planner's `tau_shift`.
 - Device death: any call that finds a device actor dead respawns it on the same bundle (it comes
-  back holding no role) and reports it, so the runtime can put that device's sequences back in
-  the queue with their last reported tokens. A dead device during a shift is shifted up again on
-  its fresh actor (a shift down of a dead device is trivially complete).
+  back holding no role) and records one `Death` (`take_deaths`, each death once, whichever call
+  found it), so the runtime can put that device's sequences back in the queue with their last
+  reported tokens. Until the runtime re-hosts it (`rehost`) or a shift brings it up, no move
+  reaches the fresh actor: a device that lost an inference role is `unhosted`, and moves to it are
+  left out (its sequences are the runtime's to re-queue). A dead device during a shift is shifted
+  up again on its fresh actor (a shift down of a dead device is trivially complete).
+- Training state: the devices whose actors hold a trainer rank, active or offloaded
+  (`train_ranks`). If one of them dies, the trainer's state is gone from that rank; the next
+  training shift up first rebuilds every rank from the checkpoint at the policy's current version
+  (`train_recovery`, the launch's), or fails naming the checkpoint it lacks. Never a silent start
+  from the base model.
+- Crash loops: a device that died more than `max_respawns` times within `respawn_window_s` is
+  flagged (`Death.crash_loop`); the runtime then `retire`s it (it leaves the pool).
 
 Knows nothing about the deployment modes: it executes what the controller decided.
 """
@@ -25,12 +31,16 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable
 
 from pivotrl.core.scheduler import Move
 from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
 from pivotrl.runtime.device import spawn_device
+from pivotrl.runtime.faults import point
 from pivotrl.runtime.roles import RoleSpec, ShiftTiming
+
+if TYPE_CHECKING:
+    from pivotrl.runtime.params import ParamSource
 
 log = logging.getLogger(__name__)
 
@@ -40,75 +50,6 @@ def _dead(exc: BaseException) -> bool:
     import ray
 
     return isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError))
-
-
-class ParamSource:
-    """Versioned parameters for shift up, backed by the GPS (one driver-side store)."""
-
-    def __init__(self, store: Any) -> None:
-        self.store = store
-        # policy version = GPS version + offset (non-zero only after a resume, where GPS restarts
-        # at 0 but the policy continues from its checkpoint's version)
-        self.offset: dict[str, int] = {}
-        self._refs: dict[tuple[str, int], Any] = {}
-        self._lock = threading.Lock()
-
-    @classmethod
-    def create(cls, gps_cfg: Any = None, num_nodes: int = 1) -> "ParamSource":
-        from pivotrl.config.gps import GPSConfig
-        from pivotrl.gps.store import GlobalParameterStore
-
-        return cls(GlobalParameterStore(gps_cfg or GPSConfig(), num_nodes=num_nodes))
-
-    def register_hf(self, model: str, path: str, frozen: bool) -> int:
-        """Register `model` from a Hugging Face folder as version 0 (GPS's own importer)."""
-        from pivotrl.gps.hf_io import import_hf
-
-        return int(import_hf(self.store, model, path, frozen=frozen))
-
-    def publish(self, model: str, state_dict: Mapping[str, Any]) -> int:
-        """Write a new version of `model` (atomic for readers); returns it. Names GPS does not
-        store are dropped: a tied `lm_head.weight` is the embedding, which GPS already holds."""
-        spec = self.store.spec(model)
-        v = int(self.store.load_state_dict(model, {k: v for k, v in state_dict.items() if k in spec}))
-        return v + self.offset.get(model, 0)
-
-    def restore(self, model: str, state_dict: Mapping[str, Any], version: int) -> None:
-        """Publish a checkpoint's weights as policy `version` (resume)."""
-        gps_v = int(self.store.load_state_dict(model, {k: v for k, v in state_dict.items()
-                                                       if k in self.store.spec(model)}))
-        self.offset[model] = int(version) - gps_v
-
-    def _gps_version(self, model: str) -> int:
-        return int(self.store.current_version(model))
-
-    def version(self, model: str) -> int:
-        return self._gps_version(model) + self.offset.get(model, 0)
-
-    def read(self, model: str) -> tuple[Any, int]:
-        """(Ray object ref of the full state dict, version): one consistent GPS version."""
-        import ray
-
-        from pivotrl.gps.layout import Layout
-        from pivotrl.gps.planner import Device
-
-        with self._lock:
-            gv = self._gps_version(model)
-            v = gv + self.offset.get(model, 0)
-            ref = self._refs.get((model, v))
-            if ref is None:
-                dev = Device(0, 0)
-                res = self.store.read(model, [dev], Layout(), version=gv)
-                ref = ray.put({k: t.clone() for k, t in res.shards[dev].items()})
-                res.release()
-                # keep only the newest version of each model pinned in the object store
-                self._refs = {k: r for k, r in self._refs.items() if k[0] != model}
-                self._refs[(model, v)] = ref
-            return ref, v
-
-    def close(self) -> None:
-        self._refs.clear()
-        self.store.close()
 
 
 @dataclass
@@ -121,6 +62,34 @@ class MoveResult:
     """(device, Completion) of sequences that finished before their abort reached the engine."""
     dead: set[int] = field(default_factory=set)
     """Devices found dead (already respawned, holding no role)."""
+
+
+@dataclass
+class Death:
+    """One device death, found by whichever call hit it first."""
+
+    device: int
+    role: Role | None
+    """The role the device held (None: none, or mid-shift)."""
+    why: str
+    generation: int
+    """Generation of the fresh actor that replaced the dead one."""
+    held_train: bool = False
+    """Its actor held a trainer rank (active or offloaded): the trainer's state is incomplete."""
+    crash_loop: bool = False
+    """It died more than `max_respawns` times within `respawn_window_s`: it should leave the pool."""
+
+
+class TrainingRankDied(RuntimeError):
+    """A training rank's actor died during a collective training call."""
+
+    def __init__(self, devices: list[int], method: str) -> None:
+        self.devices, self.method = list(devices), method
+        super().__init__(f"training rank(s) on device(s) {self.devices} died during {method}")
+
+
+class TrainingStateLost(RuntimeError):
+    """A trainer rank's state died with its device and cannot be rebuilt at the right version."""
 
 
 @dataclass
@@ -153,19 +122,30 @@ def measured_shift_seconds(timings: list[dict[str, Any]]) -> dict[Role, float]:
 class Executor:
     """Executes moves and shift plans on the device actors of one cluster."""
 
-    def __init__(self, cluster: Any, specs: Callable[[Slot, int], RoleSpec], params: ParamSource,
-                 model_of: dict[Role, str]) -> None:
+    def __init__(self, cluster: Any, specs: Callable[[Slot, int], RoleSpec], params: "ParamSource",
+                 model_of: dict[Role, str], max_respawns: int = 3, respawn_window_s: float = 600.0,
+                 train_recovery: Callable[[int], None] | None = None) -> None:
         self.cluster = cluster
+        self.max_respawns, self.respawn_window_s = int(max_respawns), float(respawn_window_s)
+        self.train_recovery = train_recovery
+        """Called with the policy's version when a trainer rank's state was lost: point the role
+        specs at the checkpoint of that version (or raise `TrainingStateLost`)."""
         self.specs = specs
         self.params = params
         self.model_of = model_of
         self.actors: dict[int, Any] = {d: spawn_device(cluster, d) for d in range(cluster.spec.num_devices)}
         self.role_of: dict[int, Role | None] = {d: None for d in self.actors}
         self.generation: dict[int, int] = {d: 0 for d in self.actors}
-        self.lost_role: dict[int, Role | None] = {}  # role a device held when it was last replaced
         self.slots: dict[str, Slot] = {}  # replica id -> its slot (every slot ever shifted up)
         self.shift_log: list[dict[str, Any]] = []
-        self.deaths: list[dict[str, Any]] = []
+        self.deaths: list[Death] = []  # every death, in order (the run's one count)
+        self._new_deaths: list[Death] = []  # not yet taken by the runtime
+        self._death_times: dict[int, list[float]] = {}
+        self.unhosted: set[int] = set()  # lost an inference role; not re-hosted yet
+        self.retired: set[int] = set()  # left the pool (crash loop)
+        self.train_ranks: set[int] = set()  # actors holding a trainer rank (active or offloaded)
+        self.train_state_lost = False
+        self.recoveries: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ devices
@@ -181,20 +161,57 @@ class Executor:
         import ray
 
         with self._lock:
-            if generation is not None and generation != self.generation[device]:
+            if device in self.retired or (generation is not None and generation != self.generation[device]):
                 return False
             old = self.actors[device]
             try:
                 ray.kill(old)
             except Exception:
                 pass
-            self.lost_role[device] = self.role_of[device]
+            role = self.role_of[device]
+            now = time.monotonic()
+            times = [t for t in self._death_times.get(device, []) if now - t <= self.respawn_window_s] + [now]
+            self._death_times[device] = times
+            held_train = device in self.train_ranks
+            if held_train:
+                self.train_ranks.discard(device)
+                self.train_state_lost = True
             self.generation[device] += 1
             self.actors[device] = spawn_device(self.cluster, device, self.generation[device])
             self.role_of[device] = None
-            self.deaths.append({"device": device, "why": why, "time": time.time()})
-        log.warning("device %d died (%s); respawned with no role", device, why)
+            if role in INFERENCE_ROLES:
+                self.unhosted.add(device)
+            death = Death(device, role, why, self.generation[device], held_train, len(times) > self.max_respawns)
+            self.deaths.append(death)
+            self._new_deaths.append(death)
+        log.warning("device %d died (%s); respawned with no role%s", device, why,
+                    " (crash loop: it leaves the pool)" if death.crash_loop else "")
         return True
+
+    def take_deaths(self) -> list[Death]:
+        """The deaths found since the last call (each death is taken once)."""
+        with self._lock:
+            out, self._new_deaths = self._new_deaths, []
+        return out
+
+    def retire(self, device: int) -> None:
+        """`device` leaves the pool for good: its actor is stopped and no call reaches it again."""
+        import ray
+
+        with self._lock:
+            self.retired.add(device)
+            self.unhosted.discard(device)
+            self.role_of[device] = None
+            try:
+                ray.kill(self.actors[device])
+            except Exception:
+                pass
+        log.warning("device %d left the pool (it died more than cluster.max_respawns=%d times within "
+                    "cluster.respawn_window_s=%gs)", device, self.max_respawns, self.respawn_window_s)
+
+    def reachable(self, device: int) -> bool:
+        """Whether moves may reach `device` (not unhosted after a death, not retired)."""
+        return device not in self.unhosted and device not in self.retired
 
     def device_of(self, replica_id: str) -> int:
         """The device whose actor runs replica `replica_id` (its slot's first device)."""
@@ -202,10 +219,6 @@ class Executor:
         if slot is None:
             raise ValueError(f"replica {replica_id!r} was never shifted up on this cluster")
         return slot.first_device
-
-    def take_lost_role(self, device: int) -> Role | None:
-        """The role `device` held when it was last replaced (once; None if it held none)."""
-        return self.lost_role.pop(device, None)
 
     def rehost(self, slot: Slot) -> None:
         """Shift a respawned, roleless device up to `slot` again (cold: a fresh engine, weights from
@@ -216,6 +229,7 @@ class Executor:
         ray.get(self.actors[slot.first_device].shift_up.remote(self.specs(slot, 0), ref, version))
         for d in slot.devices:
             self.role_of[d] = slot.role
+            self.unhosted.discard(d)
 
     # ------------------------------------------------------------------ moves
     def execute_moves(self, role: Role, moves: list[Move], request_for: Callable[[Role, int], Any]) -> MoveResult:
@@ -229,7 +243,9 @@ class Executor:
             d = self.device_of(mv.replica_id)
             (aborts if mv.kind == "abort" else assigns).setdefault(d, []).append(mv.seq_id)
         gens = dict(self.generation)
-        refs = {d: self.actors[d].abort.remote(ids) for d, ids in aborts.items()}
+        # a respawned device not re-hosted yet (or retired) holds nothing to abort and must take
+        # no submit: its sequences are re-queued by the runtime when it takes that death
+        refs = {d: self.actors[d].abort.remote(ids) for d, ids in aborts.items() if self.reachable(d)}
         for d, ref in refs.items():
             try:
                 out = ray.get(ref)
@@ -245,7 +261,8 @@ class Executor:
         subs = {}
         for d, ids in assigns.items():
             reqs = [request_for(role, sid) for sid in ids if sid not in done]
-            if reqs and d not in res.dead:
+            if reqs and d not in res.dead and self.reachable(d):
+                point("submit", d, self.actors[d])
                 subs[d] = self.actors[d].submit.remote(reqs)
         for d, ref in subs.items():
             try:
@@ -263,9 +280,40 @@ class Executor:
             return None, 0
         return self.params.read(self.model_of[slot.role])
 
+    def _ups(self, s: Slot) -> dict[int, Callable[[], Any]]:
+        """device -> the shift up call of each device of slot `s` (specs and parameters read now)."""
+        ref, version = self._params_for(s)
+        out: dict[int, Callable[[], Any]] = {}
+        for i, d in enumerate(s.devices):
+            spec = self.specs(s, i)
+            out[d] = lambda d=d, spec=spec, ref=ref, version=version: self.actors[d].shift_up.remote(spec, ref, version)
+        return out
+
+    def _recover_training(self, slot: Slot) -> None:
+        """A trainer rank's state died: rebuild every rank of `slot` from the checkpoint at the
+        policy's current version (the launch's `train_recovery` points the specs at it, or raises)."""
+        import ray
+
+        version = self.params.version("policy")
+        if self.train_recovery is None:
+            raise TrainingStateLost(f"a trainer rank's state was lost with its device at policy version "
+                                    f"{version}, and this executor has no checkpoint to rebuild it from")
+        self.train_recovery(version)
+        survivors = sorted(self.train_ranks)
+        ray.get([self.actors[d].drop_role.remote(Role.TRAIN.value) for d in survivors])
+        self.train_ranks.clear()
+        for d in slot.devices:
+            if self.role_of.get(d) == Role.TRAIN:
+                self.role_of[d] = None
+        self.train_state_lost = False
+        self.recoveries.append({"version": int(version), "devices": list(slot.devices), "dropped": survivors})
+        log.warning("training state lost with a device: rebuilding ranks %s from the checkpoint at version %d",
+                    list(slot.devices), version)
+
     def _call_all(self, calls: dict[int, Callable[[], Any]], what: str, res: ShiftResult,
                   retry: Callable[[int], Any] | None) -> dict[int, Any]:
-        """Run one remote call per device at once; respawn dead ones (and retry with `retry`)."""
+        """Run one remote call per device at once; respawn dead ones (and retry with `retry`,
+        unless it returns None for that device)."""
         import ray
 
         gens = {d: self.generation[d] for d in calls}
@@ -279,8 +327,9 @@ class Executor:
                     raise
                 self.respawn(d, f"{what}: {type(e).__name__}", gens[d])
                 res.dead.add(d)
-                if retry is not None:
-                    out[d] = ray.get(retry(d))
+                again = retry(d) if retry is not None else None
+                if again is not None:
+                    out[d] = ray.get(again)
         return out
 
     def run_shift(self, plan: ShiftPlan) -> ShiftResult:
@@ -288,24 +337,42 @@ class Executor:
         res = ShiftResult(plan)
         try:
             t0 = time.perf_counter()
-            downs = {d: self.actors[d].shift_down.remote for s in plan.down for d in s.devices}
-            timings = self._call_all({d: f for d, f in downs.items()}, "shift_down", res, retry=None)
+            for s in plan.down:
+                for d in s.devices:
+                    point("shift_down", d, self.actors[d])
+            downs = {d: (lambda d=d: self.actors[d].shift_down.remote()) for s in plan.down for d in s.devices}
+            timings = self._call_all(downs, "shift_down", res, retry=None)
             t1 = time.perf_counter()
             for d in downs:
                 self.role_of[d] = None
+            train_up = [s for s in plan.up if s.role == Role.TRAIN]
+            if train_up and self.train_state_lost:
+                self._recover_training(train_up[0])
             ups: dict[int, Callable[[], Any]] = {}
             for s in plan.up:
                 self.slots[s.slot_id] = s
-                ref, version = self._params_for(s)
-                for i, d in enumerate(s.devices):
-                    spec = self.specs(s, i)
-                    ups[d] = (lambda d=d, spec=spec, ref=ref, version=version:
-                              self.actors[d].shift_up.remote(spec, ref, version))
-            up_t = self._call_all(ups, "shift_up", res, retry=lambda d: ups[d]())
+                for d in s.devices:
+                    point("shift_up", d, self.actors[d])
+                ups.update(self._ups(s))
+            inference = {d for s in plan.up if s.role in INFERENCE_ROLES for d in s.devices}
+            up_t = self._call_all(ups, "shift_up", res, retry=lambda d: ups[d]() if d in inference else None)
+            for s in train_up:
+                if any(d in res.dead for d in s.devices):
+                    self.train_state_lost = True  # also a cold first build: its group is incomplete
+                if self.train_state_lost:  # a rank died in this shift: rebuild all from the checkpoint
+                    self._recover_training(s)
+                    up_t.update(self._call_all(self._ups(s), "shift_up", res, retry=None))
             t2 = time.perf_counter()
             for s in plan.up:
                 for d in s.devices:
                     self.role_of[d] = s.role
+                    self.unhosted.discard(d)
+                if s.role == Role.TRAIN:
+                    self.train_ranks.update(s.devices)
+                else:
+                    for d in s.devices:
+                        if d in self.train_ranks:  # a training-home device lent to inference
+                            point("lent_home", d, self.actors[d])
                 if s.role in INFERENCE_ROLES:
                     res.kv_capacity[s.slot_id] = int(self.specs(s, 0).engine.kv_capacity_tokens)
             res.seconds = (t1 - t0, t2 - t1)
@@ -325,8 +392,7 @@ class Executor:
     def publish_to_rollout(self, ref: Any, version: int) -> dict[int, Any]:
         """Load policy `version` into every active rollout replica: device -> async ref of the
         device's `load_weights` (the seconds its engine spent loading; the runtime records them).
-        Errors are ignored for dead devices, whose replacement reads the new version from GPS on
-        shift up."""
+        A dead device is respawned (its replacement reads the new version from GPS on re-host)."""
         return {d: self.actors[d].load_weights.remote(ref, version)
                 for d, r in self.role_of.items() if r == Role.ROLLOUT}
 
@@ -335,16 +401,21 @@ class Executor:
         device actors are threaded, so a `submit` sent right after an unawaited load could be
         admitted first, under the old weights, and be staler than the controller assumes. Returns
         (version, [{"device": d, "seconds": s}]), `s` the time device `d`'s engine spent loading
-        (its decode stalls that long); a dead device is skipped (its poll reports it)."""
+        (its decode stalls that long); a dead device is respawned and skipped (`take_deaths`)."""
         import ray
 
         ref, version = self.params.read("policy")
         per: list[dict[str, float]] = []
+        gens = dict(self.generation)
+        for d, r in self.role_of.items():
+            if r == Role.ROLLOUT:
+                point("publish", d, self.actors[d])
         for d, r in self.publish_to_rollout(ref, version).items():
             try:
                 secs = ray.get(r, timeout=timeout_s)
             except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
                 log.warning("publish of policy version %d hit a dead device: %s", version, type(e).__name__)
+                self.respawn(d, f"publish: {type(e).__name__}", gens[d])
                 continue
             if secs is not None:
                 per.append({"device": int(d), "seconds": float(secs)})
@@ -352,9 +423,22 @@ class Executor:
 
     # ------------------------------------------------------------------ training (collective)
     def train_call(self, devices: tuple[int, ...], method: str, *args: Any) -> list[Any]:
+        """One collective call on every training rank. A dead rank raises `TrainingRankDied`
+        naming its device (the group cannot finish the call without it)."""
         import ray
 
-        return ray.get([getattr(self.actors[d], method).remote(*args) for d in devices])
+        refs = [getattr(self.actors[d], method).remote(*args) for d in devices]
+        out, dead = [], []
+        for d, ref in zip(devices, refs):
+            try:
+                out.append(ray.get(ref))
+            except Exception as e:
+                if not _dead(e):
+                    raise
+                dead.append(d)
+        if dead:
+            raise TrainingRankDied(dead, method)
+        return out
 
     def close(self) -> None:
         import ray

@@ -38,7 +38,8 @@ class Launch:
     def start(self) -> None:
         """GPS first (a resume restores the policy there), then the cluster and its devices."""
         from pivotrl.runtime.cluster import ClusterSpec, start_cluster
-        from pivotrl.runtime.executor import Executor, ParamSource
+        from pivotrl.runtime.executor import Executor
+        from pivotrl.runtime.params import ParamSource
 
         self.params = ParamSource.create(self.cfg.cluster.gps)
         self.params.register_hf("policy", str(self.policy_path), frozen=False)
@@ -46,7 +47,10 @@ class Launch:
         if bool(self.cfg.train.resume):
             self._find_checkpoint()
         self.cluster = start_cluster(ClusterSpec.from_config(self.cfg.cluster, self.r.num_devices))
-        self.executor = Executor(self.cluster, self.role_spec, self.params, {Role.ROLLOUT: "policy", Role.REWARD: "genrm"})
+        cl = self.cfg.cluster
+        self.executor = Executor(self.cluster, self.role_spec, self.params, {Role.ROLLOUT: "policy", Role.REWARD: "genrm"},
+                                 max_respawns=int(cl.max_respawns), respawn_window_s=float(cl.respawn_window_s),
+                                 train_recovery=self.recover_training)
         self.executor.wait_ready()
 
     def _find_checkpoint(self) -> None:
@@ -64,6 +68,34 @@ class Launch:
                              "nothing to run (raise train.steps)")
         self.params.restore("policy", load_hf_model(ck / "hf").state_dict(), k)
         self.resume_path, self.resume_version = ck, k
+
+    def resume_hint(self) -> str:
+        """How to continue this run from its newest checkpoint."""
+        return (f"resume from its newest checkpoint with the same command plus `train.resume=true "
+                f"hydra.run.dir={self.run_dir}`")
+
+    def recover_training(self, version: int) -> None:
+        """A trainer rank's state died with its device: the next training shift up rebuilds every
+        rank from the checkpoint at `version` (the policy's current one; the start's own state at
+        the start version), through a fresh process group. Raises `TrainingStateLost` when no
+        checkpoint holds that version (`train.checkpoint_every` skipped it)."""
+        from pivotrl.engines.trainer_checkpoint import checkpoint_dir, latest_checkpoint
+        from pivotrl.runtime.executor import TrainingStateLost
+
+        if int(version) != self.resume_version:
+            ck = checkpoint_dir(self.checkpoint_dir, int(version))
+            if not (ck / "trainer_state.json").is_file():
+                newest = latest_checkpoint(self.checkpoint_dir)
+                raise TrainingStateLost(
+                    f"a device holding the trainer's state (offloaded while lent to another role) died at "
+                    f"policy version {version}, and no checkpoint holds that version (newest: {newest or 'none'}; "
+                    f"train.checkpoint_every={self.cfg.train.checkpoint_every}): the run stops rather than "
+                    f"train on from a wrong version; {self.resume_hint()}")
+            self.resume_path = ck
+        self._pg_file.unlink(missing_ok=True)
+        self._pg_file = self.run_dir / f".pg_init_{os.getpid()}_{time.time_ns()}"
+        log.warning("training state lost: rebuilding the trainer from %s (version %d)",
+                    self.resume_path or "the base policy", version)
 
     def role_spec(self, slot: Slot, index: int) -> RoleSpec:
         """What device `index` of `slot` must become (the executor calls this on shift up)."""

@@ -33,6 +33,31 @@ def control_env(cfg: Any, r: Any, source: Any) -> Any:
         kv_reserve=0, kv_capacity={x: int(cfg.engine.kv_capacity_tokens) for x in INFERENCE_ROLES})
 
 
+def check_kv_capacity(cfg: Any) -> None:
+    """Refuse an engine KV budget that cannot hold one request of each role: a sequence that fits
+    no replica would wait forever. The policy's longest request is a prompt plus its response cap;
+    the GenRM's is its judge prompt (prompt, response and template room) plus its output cap. Only
+    the project's CPU engine has a configured budget (`engine.kv_capacity_tokens`); vLLM sizes its
+    cache from device memory and reports it."""
+    from pivotrl.config.base import ConfigError
+    from pivotrl.runtime.samples import JUDGE_TEMPLATE_ROOM
+
+    if cfg.engine.name != "cpu":
+        return
+    d, j, cap = cfg.data, cfg.models.genrm.judge, int(cfg.engine.kv_capacity_tokens)
+    policy = int(d.max_prompt_length) + int(d.max_response_length)
+    judge = policy + JUDGE_TEMPLATE_ROOM + int(j.max_tokens)
+    need = {"rollout": (policy, f"data.max_prompt_length={d.max_prompt_length} + data.max_response_length="
+                                f"{d.max_response_length} = {policy} tokens"),
+            "reward": (judge, f"its judge prompt (data.max_prompt_length + data.max_response_length + "
+                              f"{JUDGE_TEMPLATE_ROOM} template tokens) + models.genrm.judge.max_tokens="
+                              f"{j.max_tokens} = {judge} tokens")}
+    for role, (n, why) in need.items():
+        if cap < n:
+            raise ConfigError("kv_capacity_tokens", f">= {max(policy, judge)}: one {role} request needs {why}, "
+                              f"more than the {cap} tokens of KV one replica holds", cap, "engine")
+
+
 def val_accuracy(cfg: Any, r: Any, assets: Any, tok: Any, val: list, params: Any, gps_model: str | None) -> dict:
     """Held-out accuracy of the start policy (None) or of GPS's current `gps_model`, on a CPU
     engine in the driver (`runtime.evaluation`)."""
@@ -69,6 +94,7 @@ def run_real(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
     from pivotrl.runtime.samples import Samples
 
     r = resolve(cfg)
+    check_kv_capacity(cfg)  # before any asset is loaded or Ray starts
     if any(t != 1 for t in r.tp.values()):
         raise ValueError(f"the real runtimes host one engine per device actor (no tensor parallelism "
                          f"across actors yet): models.policy.tp and models.genrm.tp must be 1, got "

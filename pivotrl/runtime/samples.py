@@ -17,6 +17,10 @@ from typing import Any
 from pivotrl.core.types import Role
 from pivotrl.runtime.ledger import Tokens
 
+#: Tokens a judge prompt needs beyond the user prompt and the response (the tiny judge template;
+#: a rubric template with a system prompt needs more): the lower bound `check_kv_capacity` uses.
+JUDGE_TEMPLATE_ROOM = 64
+
 
 @dataclass
 class LocalPrompt:

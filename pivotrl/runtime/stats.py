@@ -12,7 +12,8 @@ class RealStats:
     """Accumulated by the `DeviceDriver` as the run goes."""
 
     def __init__(self) -> None:
-        self.counts = {"aborts": 0, "resumes": 0, "shifts": 0, "device_deaths": 0, "stale_completions": 0,
+        self.counts = {"aborts": 0, "resumes": 0, "shifts": 0, "device_deaths": 0, "lost_devices": 0,
+                       "stale_completions": 0,
                        "logprobs_missing": 0}
         self.held = {k: 0.0 for k in ("rollout", "reward", "train", "free")}
         self.train_busy_s = 0.0  # device-seconds of training steps
@@ -61,6 +62,9 @@ class RealStats:
             "train_busy_device_s": self.train_busy_s, "device_seconds_by_role": dict(self.held),
             "samples_trained": len(drv.trained_ids), "samples_trained_unique": len(set(drv.trained_ids)),
             "policy_version": drv.ctrl.pipe.version, "device_deaths": c["device_deaths"],
+            # every death respawns the device once; a crash-looping one then leaves the pool
+            "respawns": len(drv.ex.deaths), "lost_devices": sorted(drv.ex.retired),
+            "training_recoveries": list(drv.ex.recoveries),
             "aborts": c["aborts"], "resumes": c["resumes"], "stale_completions_dropped": c["stale_completions"],
             "batches_without_behaviour_logprobs": c["logprobs_missing"], "wall_s": drv.now,
         }

@@ -23,7 +23,7 @@ def test_every_registered_strategy_decides(name):
 
 
 def test_unknown_strategy_names_allowed_values():
-    with pytest.raises(ValueError, match="pivot, rule, static, vanilla"):
+    with pytest.raises(ValueError, match=r"deploy.planner.strategy=.greedy. is invalid; allowed: pivot \| rule \| static \| vanilla"):
         make_strategy(PlannerConfig(strategy="greedy"))
 
 

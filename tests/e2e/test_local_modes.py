@@ -1,5 +1,6 @@
-"""End to end on `cluster=local`: every deployment mode trains 2 steps on tiny models, and a device
-actor killed during rollout costs no sample (none lost, none trained twice).
+"""End to end on `cluster=local`: every deployment mode trains 2 steps on tiny models, a resume
+reaches the uninterrupted run's version, and the executor re-shifts a device killed before its
+shift up. (Device kills at each phase of a run: `test_device_faults.py`.)
 
 Each run starts 4 device actors that import torch and transformers (20-60 s per run on 2 cores),
 so all but the default mode (`pivot`, the embedded default of `python train.py`) are `slow`.
@@ -8,8 +9,6 @@ One Ray session for the module; every run attaches to it.
 from __future__ import annotations
 
 import json
-import threading
-import time
 
 import pytest
 
@@ -69,47 +68,6 @@ def test_mode_trains_two_steps(ray_session, tiny_assets, tmp_path, mode):
     assert ray_session.is_initialized(), "a run attached to a session must not shut it down"
 
 
-def _kill_when_busy(ray, name: str, out: dict, timeout: float = 300.0) -> None:
-    """Kill actor `name` once it holds rollout sequences (after they made some progress)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            actor = ray.get_actor(name)
-            info = ray.get(actor.info.remote(), timeout=30)
-        except Exception:
-            time.sleep(0.2)
-            continue
-        if info["role"] == "rollout" and info["live_sequences"] > 0:
-            time.sleep(0.05)  # let polls report some tokens first (short: a quiet machine finishes fast)
-            ray.kill(actor, no_restart=True)
-            out["killed"] = info
-            return
-        time.sleep(0.1)
-
-
-@pytest.mark.slow
-def test_killed_device_loses_no_sample(ray_session, tiny_assets, tmp_path):
-    from pivotrl.run import run
-
-    cfg = make_local_cfg(tiny_assets, "disaggregated", ["data.max_response_length=200"])
-    killed: dict = {}
-    t = threading.Thread(target=_kill_when_busy, args=(ray_session, "pivotrl-device0-gen0", killed), daemon=True)
-    t.start()
-    summary = run(cfg, tmp_path)
-    t.join(timeout=5)
-    assert killed, "the fault thread never found device 0 generating"
-    assert summary["device_deaths"] >= 1
-    assert summary["policy_version"] == 2
-    assert summary["samples_trained"] == summary["samples_trained_unique"] == 2 * 2 * 4
-    deaths = [r for r in _timeline(tmp_path) if r["kind"] == "device_death"]
-    assert deaths and deaths[0]["device"] == 0 and deaths[0]["role"] == "rollout"
-    lost = deaths[0]["sequences"]
-    assert lost, "the killed device held sequences"
-    assert any(n > 0 for n in deaths[0]["tokens_kept"].values()), "their reported tokens were kept"
-    assert summary["resumes"] >= 1, "kept tokens were resubmitted (resume by re-prefill)"
-    assert summary["batches_without_behaviour_logprobs"] == 0, "the kept tokens kept their log-probs"
-
-
 @pytest.mark.slow
 def test_resume_reaches_the_uninterrupted_step_and_version(ray_session, tiny_assets, tmp_path):
     """A run stopped after its step-1 checkpoint, restarted with train.resume=true in the same folder,
@@ -135,7 +93,8 @@ def test_device_killed_before_shift_up_is_respawned_and_shifted(ray_session, tin
     from pivotrl.config.engine import EngineConfig
     from pivotrl.core.types import Role, ShiftPlan, Slot
     from pivotrl.runtime.cluster import ClusterSpec, start_cluster
-    from pivotrl.runtime.executor import Executor, ParamSource
+    from pivotrl.runtime.executor import Executor
+    from pivotrl.runtime.params import ParamSource
     from pivotrl.runtime.roles import RoleSpec
 
     ray = ray_session

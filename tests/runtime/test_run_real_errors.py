@@ -34,3 +34,31 @@ def test_start_error_is_raised_and_the_teardown_error_logged(monkeypatch, tiny_a
     assert ei.value.__notes__ == ["teardown: shutting down the devices and Ray also failed: PermissionError: "
                                   "cannot remove the run folder's .pg_init file"]
     assert "shutting down the devices and Ray failed after an earlier error" in caplog.text
+
+
+@pytest.mark.parametrize("kv, role", [(1, "rollout"), (139, "rollout"), (140, "reward"), (235, "reward")])
+def test_kv_capacity_below_one_request_is_refused_before_ray(kv, role, tmp_path):
+    """A KV budget below one prompt plus its response cap (rollout: 128 + 12) or below one judge
+    request (140 + 64 + models.genrm.judge.max_tokens=32 = 236) would queue that sequence forever."""
+    import ray
+
+    from pivotrl.config.base import ConfigError
+    from pivotrl.runtime.real import run_real
+
+    fake = {k: tmp_path / k for k in ("policy", "genrm", "train", "val")}
+    cfg = make_local_cfg(fake, "pivot", [f"engine.kv_capacity_tokens={kv}"])
+    with pytest.raises(ConfigError) as ei:
+        run_real(cfg, tmp_path, None)
+    msg = str(ei.value)
+    assert msg.startswith(f"engine.kv_capacity_tokens={kv} is invalid; allowed: >= 236")
+    assert f"one {role} request needs" in msg
+    assert ("= 140 tokens" if role == "rollout" else "= 236 tokens") in msg
+    assert not ray.is_initialized()
+
+
+def test_kv_capacity_of_exactly_one_judge_request_passes_the_check():
+    from pivotrl.runtime.real import check_kv_capacity
+
+    cfg = make_local_cfg({k: k for k in ("policy", "genrm", "train", "val")}, "pivot",
+                         ["engine.kv_capacity_tokens=236"])
+    check_kv_capacity(cfg)

@@ -1,0 +1,63 @@
+"""Named fault points of the real device loop, for deterministic kill tests (test-only in effect).
+
+The driver and the executor call `point(phase, device, actor)` at each place where a device may
+die: just before a `submit` reaches it, after a poll of it reported tokens, before a shift down or
+shift up call, before a training step, before a weight publish, and when a training-home device
+holding the trainer's offloaded state was lent to inference (`PHASES`). With no hook installed
+(every real run) `point` returns at once. A test installs one with `set_hook(fn)`; `fn(phase,
+device, actor)` runs synchronously in the loop, so a kill it makes lands exactly at that phase
+(`kill_at` is such a hook: it kills one device once and waits until Ray reports the actor dead).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+PHASES = ("submit", "poll", "shift_down", "shift_up", "train", "publish", "lent_home")
+
+_hook: Callable[[str, int, Any], None] | None = None
+
+
+def set_hook(fn: Callable[[str, int, Any], None] | None) -> None:
+    """Install (or with None remove) the fault hook."""
+    global _hook
+    _hook = fn
+
+
+def point(phase: str, device: int, actor: Any) -> None:
+    """The device loop reached `phase` for `device` (whose actor is `actor`)."""
+    if _hook is not None:
+        _hook(phase, device, actor)
+
+
+def kill_at(phase: str, device: int | None = None, after: int = 0, times: int = 1,
+            when: Callable[[], bool] | None = None) -> Callable:
+    """A hook that kills the actor from the `after`-th time (0 = the first) `phase` is reached for
+    `device` (any device when None) while `when()` holds, `times` times in all; `fired` lists the
+    (phase, device) it killed."""
+    if phase not in PHASES:
+        raise ValueError(f"fault phase {phase!r}: allowed {', '.join(PHASES)}")
+    seen = [0]
+
+    def hook(ph: str, dev: int, actor: Any) -> None:
+        if ph != phase or (device is not None and dev != device) or len(hook.fired) >= times:
+            return
+        if when is not None and not when():
+            return
+        if seen[0] < after:
+            seen[0] += 1
+            return
+        import ray
+
+        ray.kill(actor, no_restart=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # a call made after this returns must find it dead
+            try:
+                ray.get(actor.ping.remote(), timeout=5)
+            except Exception:
+                break
+            time.sleep(0.05)
+        hook.fired.append((ph, dev))
+
+    hook.fired = []
+    return hook

@@ -1,0 +1,98 @@
+"""Executor death bookkeeping without Ray actors (spawn_device replaced by a stub): each death is
+recorded once whichever call finds it, a stale handle's second report is ignored, a device that
+lost an inference role is unreachable until re-hosted, crash loops are flagged by the window, and
+a lost trainer state is recovered only from a checkpoint at the policy's version."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import pivotrl.runtime.executor as executor
+from pivotrl.core.types import Role
+
+
+class StubActor:
+    def __init__(self, device, generation):
+        self.device, self.generation = device, generation
+
+
+@pytest.fixture
+def ex(monkeypatch):
+    monkeypatch.setattr(executor, "spawn_device", lambda cluster, d, g=0: StubActor(d, g))
+    cluster = SimpleNamespace(spec=SimpleNamespace(num_devices=3))
+    e = executor.Executor(cluster, specs=None, params=None, model_of={}, max_respawns=2, respawn_window_s=100.0)
+    e.role_of[0] = Role.ROLLOUT
+    e.train_ranks.add(2)
+    return e
+
+
+def test_a_death_is_recorded_once_whoever_finds_it(ex):
+    g = ex.generation[0]
+    assert ex.respawn(0, "poll: ActorDiedError", g)
+    assert not ex.respawn(0, "publish: ActorDiedError", g), "a second report of the same handle"
+    (d,) = ex.take_deaths()
+    assert (d.device, d.role, d.generation, d.crash_loop) == (0, Role.ROLLOUT, 1, False)
+    assert ex.take_deaths() == [] and len(ex.deaths) == 1
+    assert ex.actors[0].generation == 1 and ex.role_of[0] is None
+    assert not ex.reachable(0), "no move may reach the fresh actor before its re-host"
+
+
+def test_crash_loop_is_flagged_within_the_window(ex, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(executor.time, "monotonic", lambda: clock[0])
+    flags = []
+    for dt in (0, 10, 200, 10, 10):  # the third death falls outside the first two's window
+        clock[0] += dt
+        ex.respawn(1, "poll", None)
+        flags.append(ex.take_deaths()[0].crash_loop)
+    assert flags == [False, False, False, False, True]
+    ex.retire(1)
+    assert not ex.reachable(1) and not ex.respawn(1, "poll", None), "a retired device is never respawned"
+
+
+def test_lost_trainer_state_needs_its_checkpoint(ex):
+    ex.respawn(2, "poll", None)
+    (d,) = ex.take_deaths()
+    assert d.held_train and ex.train_state_lost and 2 not in ex.train_ranks
+
+
+def _launch(tmp_path, resume_version=0):
+    from pivotrl.config import compose_config
+    from pivotrl.config.resolve import resolve
+    from pivotrl.runtime.launch import Launch
+
+    cfg = compose_config(["deploy=pivot", "cluster=local", "train.checkpoint_every=5"])
+    la = Launch(cfg, resolve(cfg), tmp_path / "p", tmp_path / "g", tmp_path)
+    la.resume_version = resume_version
+    return la
+
+
+def test_recovery_without_a_checkpoint_at_the_version_stops_saying_how_to_resume(tmp_path):
+    la = _launch(tmp_path)
+    with pytest.raises(executor.TrainingStateLost) as ei:
+        la.recover_training(3)
+    msg = str(ei.value)
+    assert "policy version 3" in msg and "train.checkpoint_every=5" in msg
+    assert f"train.resume=true hydra.run.dir={tmp_path}" in msg
+
+
+def test_recovery_points_the_trainer_at_the_checkpoint_of_its_version(tmp_path):
+    from pivotrl.core.types import Slot
+    from pivotrl.engines.trainer_checkpoint import checkpoint_dir
+
+    la = _launch(tmp_path)
+    ck = checkpoint_dir(tmp_path / "checkpoints", 3)
+    ck.mkdir(parents=True)
+    (ck / "trainer_state.json").write_text('{"version": 3}')
+    pg = la._pg_file
+    la.recover_training(3)
+    assert la.resume_path == ck and la._pg_file != pg, "a fresh process group rendezvous"
+    spec = la.role_spec(Slot(Role.TRAIN, 3, 1), 0)
+    assert spec.resume_from == str(ck)
+
+
+def test_recovery_at_the_start_version_rebuilds_the_start_state(tmp_path):
+    la = _launch(tmp_path)
+    la.recover_training(0)  # version 0 of a fresh run is the base policy: no checkpoint needed
+    assert la.resume_path is None
