@@ -34,16 +34,20 @@ class ParamSource:
         return int(import_hf(self.store, model, path, frozen=frozen))
 
     def publish(self, model: str, state_dict: Mapping[str, Any]) -> int:
-        """Write a new version of `model` (atomic for readers); returns it. Names GPS does not
-        store are dropped: a tied `lm_head.weight` is the embedding, which GPS already holds."""
-        spec = self.store.spec(model)
-        v = int(self.store.load_state_dict(model, {k: v for k, v in state_dict.items() if k in spec}))
+        """Write a new version of `model` (atomic for readers); returns it. The trainer's names and
+        dtypes become the store's (`gps.state_dict.to_store`: fused MoE experts split, a tied
+        `lm_head` dropped, each tensor cast to the checkpoint's dtype: an fp32 trainer publishes
+        into a bf16 store)."""
+        from pivotrl.gps.state_dict import to_store
+
+        v = int(self.store.load_state_dict(model, to_store(state_dict, self.store.spec(model))))
         return v + self.offset.get(model, 0)
 
     def restore(self, model: str, state_dict: Mapping[str, Any], version: int) -> None:
         """Publish a checkpoint's weights as policy `version` (resume)."""
-        gps_v = int(self.store.load_state_dict(model, {k: v for k, v in state_dict.items()
-                                                       if k in self.store.spec(model)}))
+        from pivotrl.gps.state_dict import to_store
+
+        gps_v = int(self.store.load_state_dict(model, to_store(state_dict, self.store.spec(model))))
         self.offset[model] = int(version) - gps_v
 
     def _gps_version(self, model: str) -> int:
