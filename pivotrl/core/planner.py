@@ -32,7 +32,8 @@ import math
 import operator
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -44,7 +45,7 @@ from pivotrl.core.whatif import WhatIf
 _UNKNOWN_CAPACITY = 1 << 40
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainView:
     home: tuple[int, ...]
     holds_devices: bool
@@ -56,21 +57,37 @@ class TrainView:
         return Slot(Role.TRAIN, self.home[0], len(self.home))
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClusterView:
-    """A snapshot the controller builds on every tick / batch-ready / training-done."""
+    """A snapshot the controller builds on every tick / batch-ready / training-done: a value.
+
+    Fields cannot be reassigned and its containers are copied into read-only ones (tuples,
+    `MappingProxyType`), so a strategy can neither change the controller's state through the view
+    nor see it change under it. The schedulers are the controller's own objects, read only: a
+    strategy that needs to try a migration clones them (`ShiftAwareScheduler.clone`, or the
+    closed-form `summary` evaluation)."""
 
     now: float
     num_devices: int
     node_size: int
-    tp: dict[Role, int]
-    owner: list[Role | None]
-    active: dict[Role, list[Slot]]
-    schedulers: dict[Role, ShiftAwareScheduler]
+    tp: Mapping[Role, int]
+    owner: tuple[Role | None, ...]
+    active: Mapping[Role, tuple[Slot, ...]]
+    schedulers: Mapping[Role, ShiftAwareScheduler]
     train: TrainView
-    tau_shift: dict[Role, float]
-    pending: frozenset[int] | set[int] = frozenset()
-    kv_capacity: dict[Role, int] = field(default_factory=dict)
+    tau_shift: Mapping[Role, float]
+    pending: frozenset[int] = frozenset()
+    kv_capacity: Mapping[Role, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        freeze = object.__setattr__
+        freeze(self, "tp", MappingProxyType(dict(self.tp)))
+        freeze(self, "owner", tuple(self.owner))
+        freeze(self, "active", MappingProxyType({r: tuple(v) for r, v in self.active.items()}))
+        freeze(self, "schedulers", MappingProxyType(dict(self.schedulers)))
+        freeze(self, "tau_shift", MappingProxyType(dict(self.tau_shift)))
+        freeze(self, "pending", frozenset(self.pending))
+        freeze(self, "kv_capacity", MappingProxyType(dict(self.kv_capacity)))
 
     def validate(self) -> None:
         if self.num_devices <= 0:

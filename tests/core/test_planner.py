@@ -2,6 +2,8 @@
 import json
 import math
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -103,7 +105,7 @@ def test_shift_pairs_group_blockers_and_penalties():
     assert by_first[4].penalty == pytest.approx(2.0 * (rT["rollout@4x1"] + rT["rollout@5x1"]))
     assert [p.penalty for p in pairs] == sorted(p.penalty for p in pairs)
     # pending devices are never eligible
-    v.pending = {9}
+    v = dataclasses.replace(v, pending={9})  # a view is a value: a new one, not an edit
     assert 8 not in {p.up[0].first_device for p in shift_pairs(v, Role.REWARD, rT)}
 
 
@@ -149,13 +151,14 @@ def test_migrate_and_summary_agree_on_synthetic_cluster():
 
 def test_bad_view_errors():
     v = view(num=8, ro=range(4), n_ro=4)
-    v.tp[Role.REWARD] = 3
+    with pytest.raises(TypeError):
+        v.tp[Role.REWARD] = 3  # a view is a value: nothing in it can be changed
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        v.owner = v.owner[:5]
     with pytest.raises(ValueError, match="tp"):
-        planner().decide(v)
-    v = view(num=8, ro=range(4), n_ro=4)
-    v.owner = v.owner[:5]
+        planner().decide(dataclasses.replace(v, tp={**v.tp, Role.REWARD: 3}))
     with pytest.raises(ValueError, match="owner"):
-        planner().decide(v)
+        planner().decide(dataclasses.replace(v, owner=v.owner[:5]))
     with pytest.raises(ValueError, match="evaluation"):
         PlannerConfig(evaluation="guess")
 
