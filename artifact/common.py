@@ -84,10 +84,37 @@ def plt():
     return pyplot
 
 
+def plotted_series(fig) -> list[dict]:
+    """What `fig` shows, as data: per axes its title and labels, and every line (x, y), bar group
+    (x, heights) and scatter (x, y) with its label. Tests compare these with the CSV the figure
+    was drawn from (a figure test checks what is drawn, not the PNG's bytes)."""
+    out = []
+    for ax in fig.axes:
+        series = []
+        for ln in ax.get_lines():
+            series.append({"kind": "line", "label": str(ln.get_label()),
+                           "x": [float(v) for v in ln.get_xdata()], "y": [float(v) for v in ln.get_ydata()]})
+        for bars in ax.containers:
+            rects = [r for r in bars if hasattr(r, "get_height")]
+            series.append({"kind": "bar", "label": str(bars.get_label()),
+                           "x": [float(r.get_x() + r.get_width() / 2) for r in rects],
+                           "y": [float(r.get_height()) for r in rects]})
+        for col in ax.collections:
+            offs = col.get_offsets()
+            if len(offs):
+                series.append({"kind": "scatter", "label": str(col.get_label()),
+                               "x": [float(p[0]) for p in offs], "y": [float(p[1]) for p in offs]})
+        out.append({"title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
+                    "series": series})
+    return out
+
+
 def save_figure(fig, png_path: Path, dpi: int = 120) -> Path:
-    """Lay out, write and close `fig` (items draw several figures in one process)."""
+    """Lay out, write and close `fig` (items draw several figures in one process); beside the PNG,
+    `<name>.series.json` holds what it shows (`plotted_series`)."""
     fig.tight_layout()
     fig.savefig(png_path, dpi=dpi)
+    Path(png_path).with_suffix(".series.json").write_text(json.dumps(plotted_series(fig), indent=1))
     plt().close(fig)
     print(f"wrote {png_path}")
     return png_path
