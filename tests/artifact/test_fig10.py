@@ -9,7 +9,6 @@ import pytest
 from artifact.common import write_csv
 from artifact.fig10 import run as fig10
 
-PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_plot_on_a_tiny_csv(tmp_path):

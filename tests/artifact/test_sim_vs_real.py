@@ -14,7 +14,6 @@ from pivotrl.core.types import Role
 from pivotrl.sim.replay import ReplayWorkload, RunRecords, constants_from_run, slowed
 from pivotrl.sim.workload import SampleLengths
 
-PNG = b"\x89PNG\r\n\x1a\n"
 FIT = {"A": 4e-7, "B": 0.0, "C": 1e-4, "D": 1.5e-3, "P0": 1.6e-3, "P1": 3e-5, "P2": 5e-9}
 
 
