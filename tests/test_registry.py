@@ -35,13 +35,21 @@ def test_lazy_entries_import_on_first_use():
 
 def test_every_project_registry_is_a_registry():
     from pivotrl.config.deploy import DEPLOY_SCHEMAS
+    from pivotrl.config.engine import ENGINES
+    from pivotrl.config.gps import TRANSPORTS
+    from pivotrl.config.planner import EVALUATIONS, STRATEGIES
     from pivotrl.deploy import CONTROLLERS
     from pivotrl.rl.advantages import ADVANTAGE_ESTIMATORS
+    from pivotrl.rl.genrm import JUDGE_TEMPLATES, SCORE_PARSERS
     from pivotrl.rl.losses import POLICY_LOSSES
-    from pivotrl.run import RUNTIMES
+    from pivotrl.run import PREFLIGHT, RUNTIMES
 
-    for reg in (DEPLOY_SCHEMAS, CONTROLLERS, ADVANTAGE_ESTIMATORS, POLICY_LOSSES, RUNTIMES):
+    regs = (DEPLOY_SCHEMAS, CONTROLLERS, ADVANTAGE_ESTIMATORS, POLICY_LOSSES, RUNTIMES, PREFLIGHT, ENGINES,
+            TRANSPORTS, STRATEGIES, EVALUATIONS, JUDGE_TEMPLATES, SCORE_PARSERS)
+    for reg in regs:
         assert isinstance(reg, Registry), reg
+        for name in reg:  # every lazy entry resolves (contract: the config string reaches a real object)
+            assert reg[name] is not None, (reg.config_key, name)
     assert sorted(CONTROLLERS) == sorted(DEPLOY_SCHEMAS)  # one mode, one schema, one controller
     from pivotrl.config import ClusterKind
 

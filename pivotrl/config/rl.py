@@ -133,11 +133,8 @@ class JudgeConfig:
     def __post_init__(self) -> None:
         from pivotrl.rl.genrm import JUDGE_TEMPLATES, SCORE_PARSERS  # stdlib-only module
 
-        if self.template not in JUDGE_TEMPLATES:
-            raise ValueError(f"models.genrm.judge.template {self.template!r} is unknown; registered: "
-                             f"{sorted(JUDGE_TEMPLATES)}")
-        if self.parser not in SCORE_PARSERS:
-            raise ValueError(f"models.genrm.judge.parser {self.parser!r} is unknown; registered: {sorted(SCORE_PARSERS)}")
+        JUDGE_TEMPLATES.check(self.template)
+        SCORE_PARSERS.check(self.parser)
         if self.max_tokens < 1:
             raise ValueError(f"models.genrm.judge.max_tokens must be >= 1, got {self.max_tokens}")
         if not self.temperature >= 0:

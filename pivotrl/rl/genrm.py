@@ -41,6 +41,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from pivotrl.registry import Registry
+
 log = logging.getLogger(__name__)
 
 # Short, because every judge prompt is re-read by a character-level model.
@@ -73,7 +75,7 @@ class JudgeTemplate:
 
 _RUBRIC = ("You are a strict grader of math solutions. Read the problem and the candidate solution, check "
            "the reasoning and the final answer step by step, then give your verdict.")
-JUDGE_TEMPLATES: dict[str, JudgeTemplate] = {
+JUDGE_TEMPLATES: Registry[JudgeTemplate] = Registry("models.genrm.judge.template", {
     "tiny": JudgeTemplate(JUDGE_TEMPLATE, parser="score_line"),
     "score_out_of_10": JudgeTemplate(
         "Problem:\n{question}\n\nCandidate solution:\n{response}\n\nEvaluate the solution's correctness. "
@@ -87,15 +89,13 @@ JUDGE_TEMPLATES: dict[str, JudgeTemplate] = {
         "Problem:\n{question}\n\nCandidate solution:\n{response}\n\nIs the final answer correct? "
         "Finish with 'Verdict: Yes' or 'Verdict: No'.",
         parser="yes_no", system=_RUBRIC),
-}
+})
 """Judge prompt templates by name (`models.genrm.judge.template`)."""
 
 
 def get_judge_template(name: str) -> JudgeTemplate:
-    try:
-        return JUDGE_TEMPLATES[name]
-    except KeyError:
-        raise ValueError(f"unknown GenRM judge template {name!r}; registered: {sorted(JUDGE_TEMPLATES)}") from None
+    """The template registered as `name`; a `ConfigError` lists the registered names otherwise."""
+    return JUDGE_TEMPLATES[name]
 
 
 def judge_conversation(prompt: list[dict[str, str]], response: str, template: str,
@@ -175,24 +175,17 @@ PARSE_STATS = ParseStats()
 """Process-wide counter used when a caller passes no `stats`."""
 
 ScoreParser = Callable[[str], ParsedScore]
-SCORE_PARSERS: dict[str, ScoreParser] = {}
+SCORE_PARSERS: Registry[ScoreParser] = Registry("models.genrm.judge.parser")
 
 
 def register_score_parser(name: str) -> Callable[[ScoreParser], ScoreParser]:
-    """Decorator: register a parser under `name` (the value of `reward.genrm_parser`)."""
-    def deco(fn: ScoreParser) -> ScoreParser:
-        if name in SCORE_PARSERS:
-            raise ValueError(f"score parser {name!r} is already registered")
-        SCORE_PARSERS[name] = fn
-        return fn
-    return deco
+    """Decorator: register a parser under `name` (the value of `models.genrm.judge.parser`)."""
+    return SCORE_PARSERS.register(name)
 
 
 def get_score_parser(name: str) -> ScoreParser:
-    try:
-        return SCORE_PARSERS[name]
-    except KeyError:
-        raise ValueError(f"unknown GenRM score parser {name!r}; registered: {sorted(SCORE_PARSERS)}") from None
+    """The parser registered as `name`; a `ConfigError` lists the registered names otherwise."""
+    return SCORE_PARSERS[name]
 
 
 def _value(raw: str) -> ParsedScore:

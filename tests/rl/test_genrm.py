@@ -95,7 +95,7 @@ def test_registry_contract_and_unknown_name() -> None:
         assert not fn("score: 3").ok, name
     for name, fn in SCORE_PARSERS.items():
         assert not fn("").ok, name
-    with pytest.raises(ValueError, match="unknown GenRM score parser 'nope'.*score_line"):
+    with pytest.raises(ValueError, match=r"models.genrm.judge.parser='nope' is invalid; allowed: .*score_line"):
         get_score_parser("nope")
 
 

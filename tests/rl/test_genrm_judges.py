@@ -130,8 +130,8 @@ def test_every_template_asks_for_its_parser():
 
 
 @pytest.mark.parametrize("kw,match", [
-    ({"template": "nope"}, r"models.genrm.judge.template 'nope' is unknown; registered: \['boxed'"),
-    ({"parser": "nope"}, r"models.genrm.judge.parser 'nope' is unknown; registered: \['boxed'"),
+    ({"template": "nope"}, r"models.genrm.judge.template='nope' is invalid; allowed: boxed \| "),
+    ({"parser": "nope"}, r"models.genrm.judge.parser='nope' is invalid; allowed: boxed \| "),
     ({"max_tokens": 0}, "models.genrm.judge.max_tokens must be >= 1"),
     ({"temperature": float("nan")}, "models.genrm.judge.temperature"),
     ({"top_p": 0}, "models.genrm.judge.top_p"),

@@ -117,5 +117,5 @@ def test_reward_config_bad_values(kwargs: dict, match: str) -> None:
 def test_unknown_parser_name_is_clear() -> None:
     from pivotrl.config.rl import JudgeConfig
 
-    with pytest.raises(ValueError, match="parser 'nope'"):
+    with pytest.raises(ValueError, match="models.genrm.judge.parser='nope' is invalid"):
         JudgeConfig(parser="nope")
