@@ -175,7 +175,7 @@ def bench_plans() -> list[dict]:
                                      num_nodes=16)
         store.register("qwen72b", spec=spec)  # shapes only: nothing is allocated
         for lay in (Layout(dp=16, tp=8), Layout(dp=4, tp=8, pp=4), Layout(dp=128)):
-            spec._shard_cache.clear()
+            spec.forget_shards()
             t = time.perf_counter()
             plan = store.plan("read", "qwen72b", devs, lay)
             cold = time.perf_counter() - t

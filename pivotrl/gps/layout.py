@@ -95,6 +95,10 @@ class ModelSpec:
     _by_name: dict[str, TensorSpec] = field(default_factory=dict, repr=False)
     _shard_cache: dict["Layout", list] = field(default_factory=dict, repr=False)
 
+    def forget_shards(self) -> None:
+        """Drop the cached shard lists of every layout (benchmarks time a cold plan with it)."""
+        self._shard_cache.clear()
+
     def __post_init__(self) -> None:
         self._by_name = {t.name: t for t in self.tensors}
         if len(self._by_name) != len(self.tensors):

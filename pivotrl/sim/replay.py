@@ -25,7 +25,7 @@ Owns the glue of issue 5 item 6 ("sim against real"), built only from the simula
   The controller always sees the unslowed fitted models, as the real run's planner did.
 - `engine_duty`: measured over modelled throughput per role from the run's `role_state` snapshots.
 - Per-sample lengths: read from `sample_lengths` timeline records (`RunRecords.sample_lengths`
-  documents the record; `pivotrl.runtime.local` writes one per trained batch).
+  documents the record; `pivotrl.runtime.stats` writes one per trained batch).
 
 What the replay cannot see: how contention between virtual devices that share cores varies over
 the run (the fitted models include the contention the run saw, at its average level over the
@@ -141,7 +141,7 @@ class RunRecords:
         """Per-sample lengths from `sample_lengths` timeline records, batch -> sample id -> lengths.
 
         The record this reads (one per batch, written when the batch is trained by
-        `pivotrl.runtime.local.LocalRuntime._record_sample_lengths`): `{"kind": "sample_lengths",
+        `pivotrl.runtime.stats.RealStats.step_fields`): `{"kind": "sample_lengths",
         "batch": b, "samples": [[sample_id, prompt_tokens, response_tokens, genrm_output_tokens],
         ...]}` over the batch's P*G trained samples."""
         out: dict[int, dict[int, SampleLengths]] = {}
