@@ -90,6 +90,26 @@ def preflight(cfg: Any) -> None:
                                        need_chat_template=getattr(m, role).chat.chat_template is None)
               for role in ("policy", "genrm")}
         check_fit(cfg, ck["policy"].spec, ck["genrm"].spec)
+        check_trainer_fits(cfg, ck["policy"].config, m.policy.name)
+
+
+def check_trainer_fits(cfg: Any, hf_config: dict, name: str) -> None:
+    """On GPUs: one training rank of the policy on its home set must fit a device's memory with
+    the engines asleep (`engines.memory.check_fits`, issue 10's arithmetic), else stop at start
+    naming the model, the devices and the memory. CPU devices share host memory: not checked."""
+    from pivotrl.config.resolve import resolve
+    from pivotrl.engines.memory import ModelShape, check_fits
+
+    r = resolve(cfg)
+    if r.accelerator != "cuda":
+        return
+    a, d = cfg.algo, cfg.data
+    home = r.allocation.get("train") or r.num_devices
+    tokens = a.micro_batch_tokens or a.micro_batch_size * (d.max_prompt_length + d.max_response_length)
+    check_fits(ModelShape.from_hf_config(hf_config, name), devices=list(range(r.num_devices - home, r.num_devices)),
+               device_memory_bytes=int(cfg.cluster.hardware.hbm_bytes), micro_batch_tokens=int(tokens),
+               response_tokens=int(d.max_response_length), param_dtype=a.param_dtype,
+               gradient_checkpointing=a.gradient_checkpointing, logprob_chunk_tokens=a.logprob_chunk_tokens)
 
 
 def check_fit(cfg: Any, policy_spec: Any, genrm_spec: Any) -> None:

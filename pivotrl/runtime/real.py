@@ -30,7 +30,8 @@ def control_env(cfg: Any, r: Any, source: Any) -> Any:
         tau_shift={x: float(cfg.cluster.tau_shift_prior_s) for x in (*INFERENCE_ROLES, Role.TRAIN)},
         prompts=source, prompts_per_step=r.prompts_per_step, group_size=r.group_size, steps=r.steps,
         staleness=r.staleness, allocation={Role(k): v for k, v in r.allocation.items()}, planner=r.planner,
-        kv_reserve=0, kv_capacity={x: int(cfg.engine.kv_capacity_tokens) for x in INFERENCE_ROLES})
+        kv_reserve=0, kv_capacity={x: int(cfg.engine.kv_capacity_tokens) for x in INFERENCE_ROLES},
+        max_num_seqs={x: int(cfg.engine.max_num_seqs) for x in INFERENCE_ROLES})
 
 
 def check_kv_capacity(cfg: Any) -> None:

@@ -49,3 +49,20 @@ def test_empty_validation_set_is_an_error_at_start(tmp_path):
     pd.DataFrame({"prompt": [], "data_source": [], "reward_model": [], "extra_info": []}).to_parquet(empty)
     with pytest.raises(ConfigError, match=r"data.val_path=.*at least one row"):
         load_val_examples(empty, 10)
+
+
+def test_a_policy_that_cannot_train_on_its_home_set_stops_at_start():
+    """Issue 10: Qwen2.5-7B's shape, 16K-token micro-batches, fp32 parameters and no checkpointing
+    on one 24 GB GPU cannot fit a training rank; the error names the model, devices and memory."""
+    from pivotrl.engines.memory import ModelDoesNotFitError
+    from pivotrl.runtime.assets import check_trainer_fits
+
+    qwen7b = {"num_hidden_layers": 28, "hidden_size": 3584, "intermediate_size": 18944, "vocab_size": 152064,
+              "num_attention_heads": 28, "num_key_value_heads": 4, "head_dim": 128, "model_type": "qwen2"}
+    cfg = compose_config(["cluster=ray", "models=qwen7b_qwen30b", "cluster.num_devices=8",
+                          "cluster.hardware.hbm_bytes=24e9", "algo.param_dtype=float32",
+                          "algo.gradient_checkpointing=false", "deploy.allocation.train=1"])
+    with pytest.raises(ModelDoesNotFitError, match=r"Qwen2.5-7B.*does not fit its home devices \[7\].*each device has 22\.4 GiB"):
+        check_trainer_fits(cfg, qwen7b, cfg.models.policy.name)
+    ok = compose_config(["cluster=ray", "models=qwen7b_qwen30b"])  # the paper's 8 x 96 GB home set, algo=grpo
+    check_trainer_fits(ok, qwen7b, ok.models.policy.name)
