@@ -74,6 +74,7 @@ def test_default_is_the_embedded_real_run():
     (["algo.staleness=3"], "deploy.staleness"),                          # derived: says where to set it
     (["deploy=colocated", "deploy.allocation.train=1"], "deploy.allocation"),
     (["cluster.accelerator=tpu"], "cluster.accelerator"),
+    (["data.max_response_length=0"], "data.max_response_length"),           # 0 no longer means "the default"
     (["cluster=sim", "models=qwen7b_qwen30b", "cluster.num_devices=36"], "node_size"),
     (["logging.wandb_mode=sometimes"], "wandb_mode"),
 ])

@@ -66,3 +66,19 @@ def test_a_policy_that_cannot_train_on_its_home_set_stops_at_start():
         check_trainer_fits(cfg, qwen7b, cfg.models.policy.name)
     ok = compose_config(["cluster=ray", "models=qwen7b_qwen30b"])  # the paper's 8 x 96 GB home set, algo=grpo
     check_trainer_fits(ok, qwen7b, ok.models.policy.name)
+
+
+def test_tiny_models_train_on_the_users_data_when_given(tiny_assets, monkeypatch):
+    """Issue 12: with models=tiny, data.train_path/val_path were ignored for the synthetic task."""
+    import pivotrl.models.bootstrap as boot
+    from pivotrl.runtime.assets import load_assets
+
+    class Built:  # the bootstrap's result, without the minutes of SFT
+        cached, report = True, {}
+        policy_path, genrm_path = tiny_assets["policy"], tiny_assets["genrm"]
+        train_path = val_path = tiny_assets["policy"] / "synthetic.parquet"
+
+    monkeypatch.setattr(boot, "bootstrap", lambda *a, **k: Built)
+    a = load_assets(compose_config([f"data.train_path={tiny_assets['train']}", f"data.val_path={tiny_assets['val']}"]))
+    assert (a.train_path, a.val_path) == (tiny_assets["train"], tiny_assets["val"])
+    assert load_assets(compose_config([])).train_path == Built.train_path  # none given: the synthetic task
