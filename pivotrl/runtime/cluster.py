@@ -13,7 +13,7 @@ Knows nothing about roles, engines or the control plane.
 Joining Ray: `cluster.address=host:port` is probed and joined within `connect_timeout_s`, else a
 `ClusterConnectError` that says how to start a head; `local` (the default of `cluster=local`)
 starts a private head with its own temp dir and port, stopped through this driver's own
-`ray.shutdown()` (never `ray stop`, which would stop other users' Ray too); `auto` is refused. The
+`ray.shutdown()` (never the CLI's stop command, which would stop other users' Ray too); `auto` is refused. The
 address in use is logged.
 
 Errors: asking for more devices than the cluster's resources is a `ClusterResourceError` at start
