@@ -72,7 +72,8 @@ def test_kill_at_submit_rehosts_before_any_dispatch(ray_session, tiny_assets, tm
     assert h.fired == [("submit", 0)]
     _finished(summary)
     (d,) = _deaths(tmp_path)
-    assert d["device"] == 0 and d["role"] == "rollout" and d["why"].startswith("submit")
+    # found by the submit or by a poll already in flight to that rollout device: once either way
+    assert d["device"] == 0 and d["role"] == "rollout" and d["why"].split(":")[0] in ("submit", "poll")
 
 
 def test_kill_after_a_poll_keeps_the_reported_tokens(ray_session, tiny_assets, tmp_path, hook):
@@ -111,8 +112,8 @@ def test_kill_at_shift_up(ray_session, tiny_assets, tmp_path, hook):
     summary = run(make_local_cfg(tiny_assets, "colocated"), tmp_path)
     assert h.fired == [("shift_up", 1)]
     _finished(summary)
-    (d,) = _deaths(tmp_path)
-    assert d["device"] == 1 and d["why"].startswith("shift_up")
+    (d,) = _deaths(tmp_path)  # found by the shift up or by a poll already in flight: once either way
+    assert d["device"] == 1 and d["why"].split(":")[0] in ("shift_up", "poll")
 
 
 def test_kill_at_publish(ray_session, tiny_assets, tmp_path, hook):
@@ -123,7 +124,8 @@ def test_kill_at_publish(ray_session, tiny_assets, tmp_path, hook):
     assert h.fired == [("publish", 0)]
     _finished(summary)
     (d,) = _deaths(tmp_path)
-    assert d["device"] == 0 and d["role"] == "rollout" and d["why"].startswith("publish")
+    # found by the publish or by a poll already in flight to that rollout device: once either way
+    assert d["device"] == 0 and d["role"] == "rollout" and d["why"].split(":")[0] in ("publish", "poll")
 
 
 def test_kill_a_training_rank_says_how_to_resume(ray_session, tiny_assets, tmp_path, hook):
