@@ -9,7 +9,7 @@ and the config dataclasses only.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pivotrl.config.base import ConfigError
@@ -88,7 +88,6 @@ class Resolved:
     """The policy's response cap (data.max_response_length)."""
     lr_decay_steps: int
     """algo.lr_decay_steps, where null means over the run's train.steps."""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def trainer(self, cfg: Any, world_size: int) -> TrainerConfig:
         """`cfg.algo` as one trainer of `world_size` ranks receives it."""
