@@ -93,8 +93,8 @@ class DeviceDriver:
         self._last = t
         for d, role in self.ex.role_of.items():
             if role in INFERENCE_ROLES and d not in self.polls:
-                self.polls[d] = self.ex.actors[d].poll.remote(self.cl.poll_s)
-                self.poll_gen[d] = self.ex.generation[d]
+                actor, self.poll_gen[d] = self.ex.handle(d)
+                self.polls[d] = actor.poll.remote(self.cl.poll_s)
         refs = list(self.polls.values())
         if refs:
             ready, _ = ray.wait(refs, num_returns=1, timeout=self.cl.poll_s)
@@ -137,14 +137,14 @@ class DeviceDriver:
             self.ex.respawn(d, f"engine error: {res.error}", self.poll_gen.get(d))
             return
         role = self.ex.role_of.get(d)
-        if role not in INFERENCE_ROLES or res.role != role.value or self.poll_gen.get(d) != self.ex.generation[d]:
+        if role not in INFERENCE_ROLES or res.role != role.value or self.poll_gen.get(d) != self.ex.handle(d)[1]:
             return  # a poll that straddled a shift or a respawn: nothing of this role is left on it
         new = sum(self.ledger.progress(role, sid, Tokens.of(toks), d) for sid, toks in res.progress.items())
         self.monitor.ingest(role, d, res.stats, new)
         for c in res.completions:
             yield from self._complete(role, d, c)
-        if new:
-            point("poll", d, self.ex.actors[d])
+        if new or res.completions:
+            point("poll", d, self.ex.handle(d)[0])
 
     def _complete(self, role: Role, d: int, c: Any) -> Iterator[Any]:
         toks = Tokens.of(c.token_ids, c.logprobs)
@@ -194,12 +194,7 @@ class DeviceDriver:
             return
         slot = Slot(role, d, self.r.tp[role.value])
         if d not in self.ctrl.pending_devices() and not death.crash_loop:
-            import ray
-
-            try:
-                self.ex.rehost(slot)
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
-                self.ex.respawn(d, f"re-host: {type(e).__name__}", death.generation)  # taken next round
+            self.ex.rehost(slot)  # dying again here is one more death, taken next round
         yield ReplicaLost(self.now, role=role, replica_id=slot.slot_id)
 
     def training_died(self, devices: list[int], why: str) -> str:
@@ -262,7 +257,7 @@ class DeviceDriver:
         ref = ray.put(batch)
         try:
             for d in act.devices:
-                point("train", d, self.ex.actors[d])
+                point("train", d, self.ex.handle(d)[0])
             metrics = self.ex.train_call(act.devices, "train_step", ref)[0]
             full = self.ex.train_call(act.devices, "full_state_dict")[0]
             secs = time.perf_counter() - t0

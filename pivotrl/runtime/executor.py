@@ -10,7 +10,9 @@ Owns (parameters for shift up come from `params.ParamSource`, the GPS):
   planner's `tau_shift`.
 - Device death: any call that finds a device actor dead respawns it on the same bundle (it comes
   back holding no role) and records one `Death` (`take_deaths`, each death once, whichever call
-  found it), so the runtime can put that device's sequences back in the queue with their last
+  found it). Every call reads its actor and that actor's generation together (`handle`) and passes
+  the generation to `respawn`, so a call that failed on an actor already replaced (the other call
+  found the death first) never kills the fresh one, so the runtime can put that device's sequences back in the queue with their last
   reported tokens. Until the runtime re-hosts it (`rehost`) or a shift brings it up, no move
   reaches the fresh actor: a device that lost an inference role is `unhosted`, and moves to it are
   left out (its sequences are the runtime's to re-queue). A dead device during a shift is shifted
@@ -154,10 +156,22 @@ class Executor:
 
         return ray.get([a.info.remote() for a in self.actors.values()])
 
-    def respawn(self, device: int, why: str, generation: int | None = None) -> bool:
+    def handle(self, device: int) -> tuple[Any, int]:
+        """`device`'s current actor and its generation, read together (a respawn on another thread
+        replaces both at once): a call that fails on that actor passes this generation to `respawn`."""
+        with self._lock:
+            return self.actors[device], self.generation[device]
+
+    def handles(self, devices: Any) -> dict[int, tuple[Any, int]]:
+        """`handle` of each of `devices`, all read at one instant."""
+        with self._lock:
+            return {d: (self.actors[d], self.generation[d]) for d in devices}
+
+    def respawn(self, device: int, why: str, generation: int | None = None, role: Role | None = None) -> bool:
         """Replace a dead actor by a fresh one on the same bundle (holding no role). With
         `generation` (of the handle that failed), a device someone already replaced is left alone;
-        returns whether this call replaced it."""
+        returns whether this call replaced it. `role`: the role it was being given when it died
+        (a re-host), if it held none."""
         import ray
 
         with self._lock:
@@ -168,7 +182,7 @@ class Executor:
                 ray.kill(old)
             except Exception:
                 pass
-            role = self.role_of[device]
+            role = self.role_of[device] or role
             now = time.monotonic()
             times = [t for t in self._death_times.get(device, []) if now - t <= self.respawn_window_s] + [now]
             self._death_times[device] = times
@@ -220,16 +234,28 @@ class Executor:
             raise ValueError(f"replica {replica_id!r} was never shifted up on this cluster")
         return slot.first_device
 
-    def rehost(self, slot: Slot) -> None:
+    def rehost(self, slot: Slot) -> bool:
         """Shift a respawned, roleless device up to `slot` again (cold: a fresh engine, weights from
-        GPS at the current version)."""
+        GPS at the current version). False when it died again on the way: it is respawned, and that
+        death carries `slot.role`, so taking it re-hosts once more (bounded: a crash loop leaves
+        the pool)."""
         import ray
 
         ref, version = self._params_for(slot)
-        ray.get(self.actors[slot.first_device].shift_up.remote(self.specs(slot, 0), ref, version))
+        d0 = slot.first_device
+        actor, gen = self.handle(d0)
+        point("rehost", d0, actor)
+        try:
+            ray.get(actor.shift_up.remote(self.specs(slot, 0), ref, version))
+        except Exception as e:
+            if not _dead(e):
+                raise
+            self.respawn(d0, f"re-host: {type(e).__name__}", gen, role=slot.role)
+            return False
         for d in slot.devices:
             self.role_of[d] = slot.role
             self.unhosted.discard(d)
+        return True
 
     # ------------------------------------------------------------------ moves
     def execute_moves(self, role: Role, moves: list[Move], request_for: Callable[[Role, int], Any]) -> MoveResult:
@@ -242,17 +268,17 @@ class Executor:
         for mv in moves:
             d = self.device_of(mv.replica_id)
             (aborts if mv.kind == "abort" else assigns).setdefault(d, []).append(mv.seq_id)
-        gens = dict(self.generation)
+        h = self.handles(set(aborts) | set(assigns))
         # a respawned device not re-hosted yet (or retired) holds nothing to abort and must take
         # no submit: its sequences are re-queued by the runtime when it takes that death
-        refs = {d: self.actors[d].abort.remote(ids) for d, ids in aborts.items() if self.reachable(d)}
+        refs = {d: h[d][0].abort.remote(ids) for d, ids in aborts.items() if self.reachable(d)}
         for d, ref in refs.items():
             try:
                 out = ray.get(ref)
             except Exception as e:
                 if not _dead(e):
                     raise
-                self.respawn(d, f"abort: {type(e).__name__}", gens[d])
+                self.respawn(d, f"abort: {type(e).__name__}", h[d][1])
                 res.dead.add(d)
                 continue
             res.aborted.update(out.aborted)
@@ -262,15 +288,15 @@ class Executor:
         for d, ids in assigns.items():
             reqs = [request_for(role, sid) for sid in ids if sid not in done]
             if reqs and d not in res.dead and self.reachable(d):
-                point("submit", d, self.actors[d])
-                subs[d] = self.actors[d].submit.remote(reqs)
+                point("submit", d, h[d][0])
+                subs[d] = h[d][0].submit.remote(reqs)
         for d, ref in subs.items():
             try:
                 ray.get(ref)
             except Exception as e:
                 if not _dead(e):
                     raise
-                self.respawn(d, f"submit: {type(e).__name__}", gens[d])
+                self.respawn(d, f"submit: {type(e).__name__}", h[d][1])
                 res.dead.add(d)
         return res
 
@@ -280,13 +306,14 @@ class Executor:
             return None, 0
         return self.params.read(self.model_of[slot.role])
 
-    def _ups(self, s: Slot) -> dict[int, Callable[[], Any]]:
-        """device -> the shift up call of each device of slot `s` (specs and parameters read now)."""
+    def _ups(self, s: Slot) -> dict[int, Callable[[Any], Any]]:
+        """device -> the shift up call (on a given actor) of each device of slot `s` (specs and
+        parameters read now)."""
         ref, version = self._params_for(s)
-        out: dict[int, Callable[[], Any]] = {}
+        out: dict[int, Callable[[Any], Any]] = {}
         for i, d in enumerate(s.devices):
             spec = self.specs(s, i)
-            out[d] = lambda d=d, spec=spec, ref=ref, version=version: self.actors[d].shift_up.remote(spec, ref, version)
+            out[d] = lambda actor, spec=spec, ref=ref, version=version: actor.shift_up.remote(spec, ref, version)
         return out
 
     def _recover_training(self, slot: Slot) -> None:
@@ -300,7 +327,7 @@ class Executor:
                                     f"{version}, and this executor has no checkpoint to rebuild it from")
         self.train_recovery(version)
         survivors = sorted(self.train_ranks)
-        ray.get([self.actors[d].drop_role.remote(Role.TRAIN.value) for d in survivors])
+        ray.get([actor.drop_role.remote(Role.TRAIN.value) for actor, _ in self.handles(survivors).values()])
         self.train_ranks.clear()
         for d in slot.devices:
             if self.role_of.get(d) == Role.TRAIN:
@@ -310,14 +337,14 @@ class Executor:
         log.warning("training state lost with a device: rebuilding ranks %s from the checkpoint at version %d",
                     list(slot.devices), version)
 
-    def _call_all(self, calls: dict[int, Callable[[], Any]], what: str, res: ShiftResult,
-                  retry: Callable[[int], Any] | None) -> dict[int, Any]:
-        """Run one remote call per device at once; respawn dead ones (and retry with `retry`,
-        unless it returns None for that device)."""
+    def _call_all(self, calls: dict[int, Callable[[Any], Any]], what: str, res: ShiftResult,
+                  retry: Callable[[int], bool] | None) -> dict[int, Any]:
+        """Run one remote call per device (`calls[d](actor)`) at once; respawn dead ones, and
+        call again on the fresh actor where `retry(d)` holds."""
         import ray
 
-        gens = {d: self.generation[d] for d in calls}
-        refs = {d: f() for d, f in calls.items()}
+        h = self.handles(calls)
+        refs = {d: f(h[d][0]) for d, f in calls.items()}
         out: dict[int, Any] = {}
         for d, ref in refs.items():
             try:
@@ -325,11 +352,10 @@ class Executor:
             except Exception as e:
                 if not _dead(e):
                     raise
-                self.respawn(d, f"{what}: {type(e).__name__}", gens[d])
+                self.respawn(d, f"{what}: {type(e).__name__}", h[d][1])
                 res.dead.add(d)
-                again = retry(d) if retry is not None else None
-                if again is not None:
-                    out[d] = ray.get(again)
+                if retry is not None and retry(d):
+                    out[d] = ray.get(calls[d](self.handle(d)[0]))
         return out
 
     def run_shift(self, plan: ShiftPlan) -> ShiftResult:
@@ -339,8 +365,8 @@ class Executor:
             t0 = time.perf_counter()
             for s in plan.down:
                 for d in s.devices:
-                    point("shift_down", d, self.actors[d])
-            downs = {d: (lambda d=d: self.actors[d].shift_down.remote()) for s in plan.down for d in s.devices}
+                    point("shift_down", d, self.handle(d)[0])
+            downs = {d: (lambda actor: actor.shift_down.remote()) for s in plan.down for d in s.devices}
             timings = self._call_all(downs, "shift_down", res, retry=None)
             t1 = time.perf_counter()
             for d in downs:
@@ -348,14 +374,14 @@ class Executor:
             train_up = [s for s in plan.up if s.role == Role.TRAIN]
             if train_up and self.train_state_lost:
                 self._recover_training(train_up[0])
-            ups: dict[int, Callable[[], Any]] = {}
+            ups: dict[int, Callable[[Any], Any]] = {}
             for s in plan.up:
                 self.slots[s.slot_id] = s
                 for d in s.devices:
-                    point("shift_up", d, self.actors[d])
+                    point("shift_up", d, self.handle(d)[0])
                 ups.update(self._ups(s))
             inference = {d for s in plan.up if s.role in INFERENCE_ROLES for d in s.devices}
-            up_t = self._call_all(ups, "shift_up", res, retry=lambda d: ups[d]() if d in inference else None)
+            up_t = self._call_all(ups, "shift_up", res, retry=inference.__contains__)
             for s in train_up:
                 if any(d in res.dead for d in s.devices):
                     self.train_state_lost = True  # also a cold first build: its group is incomplete
@@ -372,7 +398,7 @@ class Executor:
                 else:
                     for d in s.devices:
                         if d in self.train_ranks:  # a training-home device lent to inference
-                            point("lent_home", d, self.actors[d])
+                            point("lent_home", d, self.handle(d)[0])
                 if s.role in INFERENCE_ROLES:
                     res.kv_capacity[s.slot_id] = int(self.specs(s, 0).engine.kv_capacity_tokens)
             res.seconds = (t1 - t0, t2 - t1)
@@ -389,12 +415,13 @@ class Executor:
         return res
 
     # ------------------------------------------------------------------ weights
-    def publish_to_rollout(self, ref: Any, version: int) -> dict[int, Any]:
-        """Load policy `version` into every active rollout replica: device -> async ref of the
-        device's `load_weights` (the seconds its engine spent loading; the runtime records them).
-        A dead device is respawned (its replacement reads the new version from GPS on re-host)."""
-        return {d: self.actors[d].load_weights.remote(ref, version)
-                for d, r in self.role_of.items() if r == Role.ROLLOUT}
+    def publish_to_rollout(self, ref: Any, version: int) -> dict[int, tuple[Any, int]]:
+        """Load policy `version` into every active rollout replica: device -> (async ref of the
+        device's `load_weights`: the seconds its engine spent loading, the generation of the actor
+        called). A dead device is respawned (its replacement reads the new version from GPS on
+        re-host)."""
+        h = self.handles(d for d, r in list(self.role_of.items()) if r == Role.ROLLOUT)
+        return {d: (actor.load_weights.remote(ref, version), gen) for d, (actor, gen) in h.items()}
 
     def publish_policy(self, timeout_s: float = 120.0) -> tuple[int, list[dict[str, float]]]:
         """Load GPS's current policy into every rollout replica and wait until each holds it: the
@@ -406,16 +433,15 @@ class Executor:
 
         ref, version = self.params.read("policy")
         per: list[dict[str, float]] = []
-        gens = dict(self.generation)
-        for d, r in self.role_of.items():
+        for d, r in list(self.role_of.items()):
             if r == Role.ROLLOUT:
-                point("publish", d, self.actors[d])
-        for d, r in self.publish_to_rollout(ref, version).items():
+                point("publish", d, self.handle(d)[0])
+        for d, (r, gen) in self.publish_to_rollout(ref, version).items():
             try:
                 secs = ray.get(r, timeout=timeout_s)
             except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
                 log.warning("publish of policy version %d hit a dead device: %s", version, type(e).__name__)
-                self.respawn(d, f"publish: {type(e).__name__}", gens[d])
+                self.respawn(d, f"publish: {type(e).__name__}", gen)
                 continue
             if secs is not None:
                 per.append({"device": int(d), "seconds": float(secs)})
@@ -427,7 +453,8 @@ class Executor:
         naming its device (the group cannot finish the call without it)."""
         import ray
 
-        refs = [getattr(self.actors[d], method).remote(*args) for d in devices]
+        h = self.handles(devices)
+        refs = [getattr(h[d][0], method).remote(*args) for d in devices]
         out, dead = [], []
         for d, ref in zip(devices, refs):
             try:

@@ -1,9 +1,10 @@
 """Named fault points of the real device loop, for deterministic kill tests (test-only in effect).
 
 The driver and the executor call `point(phase, device, actor)` at each place where a device may
-die: just before a `submit` reaches it, after a poll of it reported tokens, before a shift down or
-shift up call, before a training step, before a weight publish, and when a training-home device
-holding the trainer's offloaded state was lent to inference (`PHASES`). With no hook installed
+die: just before a `submit` reaches it, after a poll of it reported tokens or completions, before a
+shift down or shift up call, before a training step, before a weight publish, when a
+training-home device holding the trainer's offloaded state was lent to inference, and before a
+respawned device is re-hosted (`PHASES`). With no hook installed
 (every real run) `point` returns at once. A test installs one with `set_hook(fn)`; `fn(phase,
 device, actor)` runs synchronously in the loop, so a kill it makes lands exactly at that phase
 (`kill_at` is such a hook: it kills one device once and waits until Ray reports the actor dead).
@@ -13,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-PHASES = ("submit", "poll", "shift_down", "shift_up", "train", "publish", "lent_home")
+PHASES = ("submit", "poll", "shift_down", "shift_up", "train", "publish", "lent_home", "rehost")
 
 _hook: Callable[[str, int, Any], None] | None = None
 
@@ -30,17 +31,19 @@ def point(phase: str, device: int, actor: Any) -> None:
         _hook(phase, device, actor)
 
 
-def kill_at(phase: str, device: int | None = None, after: int = 0, times: int = 1,
+def kill_at(phase: str | tuple[str, ...], device: int | None = None, after: int = 0, times: int = 1,
             when: Callable[[], bool] | None = None) -> Callable:
-    """A hook that kills the actor from the `after`-th time (0 = the first) `phase` is reached for
-    `device` (any device when None) while `when()` holds, `times` times in all; `fired` lists the
-    (phase, device) it killed."""
-    if phase not in PHASES:
-        raise ValueError(f"fault phase {phase!r}: allowed {', '.join(PHASES)}")
+    """A hook that kills the actor from the `after`-th time (0 = the first) `phase` (or any of a
+    tuple of phases) is reached for `device` (any device when None) while `when()` holds, `times`
+    times in all; `fired` lists the (phase, device) it killed."""
+    phases = (phase,) if isinstance(phase, str) else tuple(phase)
+    for ph in phases:
+        if ph not in PHASES:
+            raise ValueError(f"fault phase {ph!r}: allowed {', '.join(PHASES)}")
     seen = [0]
 
     def hook(ph: str, dev: int, actor: Any) -> None:
-        if ph != phase or (device is not None and dev != device) or len(hook.fired) >= times:
+        if ph not in phases or (device is not None and dev != device) or len(hook.fired) >= times:
             return
         if when is not None and not when():
             return

@@ -104,10 +104,6 @@ def test_kill_at_shift_down(ray_session, tiny_assets, tmp_path, hook):
     assert down["dead"] == [1], "the reward shift found it dead and shifted its fresh actor up"
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known race, open in issue 12: when a poll already in flight finds the device killed at its shift "
-    "up before the shift does, the death can be counted twice (device_deaths 2, one timeline death); "
-    "seen in 2 of 3 clean runs on 2026-12-01"))
 def test_kill_at_shift_up(ray_session, tiny_assets, tmp_path, hook):
     """colocated's second shift up of device 1 (reward) finds it dead: respawned and shifted up."""
     from pivotrl.run import run
@@ -165,15 +161,20 @@ def test_lent_home_device_killed_recovers_the_trainer_at_its_version(ray_session
 
 
 def test_a_crash_looping_device_leaves_the_pool(ray_session, tiny_assets, tmp_path, hook):
-    """Device 0 (rollout) dies every time it reports tokens; with cluster.max_respawns=1 its second
-    death takes it out of the pool, its sequences go to device 1, and the run finishes."""
+    """Device 0 (rollout) dies when it first reports tokens, then at every re-host (an engine that
+    crashes as it starts). With cluster.max_respawns=2: the re-host death keeps the role, so the
+    device is re-hosted once more; the third death takes it out of the pool, its sequences go to
+    device 1, and the run finishes."""
     from pivotrl.run import run
 
-    h = hook(faults.kill_at("poll", device=0, times=5))
-    summary = run(make_local_cfg(tiny_assets, "disaggregated", ["cluster.max_respawns=1"]), tmp_path)
-    assert h.fired == [("poll", 0)] * 2
-    _finished(summary, deaths=2)
+    h = hook(faults.kill_at(("poll", "rehost"), device=0, times=3))
+    summary = run(make_local_cfg(tiny_assets, "disaggregated", ["cluster.max_respawns=2"]), tmp_path)
+    assert h.fired == [("poll", 0), ("rehost", 0), ("rehost", 0)]
+    _finished(summary, deaths=3)
     assert summary["lost_devices"] == [0]
     lost = [r for r in _timeline(tmp_path) if r["kind"] == "device_lost"]
     assert [r["device"] for r in lost] == [0], "one device_lost record (the controller's)"
-    assert [r["crash_loop"] for r in _deaths(tmp_path)] == [False, True]
+    deaths = _deaths(tmp_path)
+    assert [r["crash_loop"] for r in deaths] == [False, False, True]
+    assert [r["role"] for r in deaths] == ["rollout"] * 3, "a death at re-host keeps the role it was given"
+    assert [r["why"].split(":")[0] for r in deaths] == ["poll", "re-host", "re-host"]

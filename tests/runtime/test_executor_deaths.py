@@ -38,6 +38,29 @@ def test_a_death_is_recorded_once_whoever_finds_it(ex):
     assert not ex.reachable(0), "no move may reach the fresh actor before its re-host"
 
 
+def test_a_call_on_a_replaced_actor_never_kills_the_fresh_one(ex):
+    """Two calls to device 0 read its handle; one finds it dead and respawns it; the other, failing
+    on the same dead actor, reports the generation it called, so the fresh actor is left alone."""
+    actor, g = ex.handle(0)
+    assert (actor.generation, g) == (0, 0)
+    assert ex.respawn(0, "poll: ActorDiedError", g)
+    fresh, g1 = ex.handle(0)
+    assert (fresh.generation, g1) == (1, 1) and ex.handles([0]) == {0: (fresh, 1)}
+    assert not ex.respawn(0, "shift_up: ActorDiedError", g), "the stale call's report"
+    assert ex.handle(0) == (fresh, 1) and len(ex.take_deaths()) == 1
+
+
+def test_a_death_at_re_host_keeps_the_role_it_was_given(ex):
+    """A respawned device holds no role; dying again while being re-hosted as rollout, its death
+    carries rollout, so the runtime re-queues its sequences and re-hosts it once more."""
+    ex.respawn(0, "poll", ex.handle(0)[1])
+    ex.take_deaths()
+    assert ex.role_of[0] is None
+    assert ex.respawn(0, "re-host: ActorDiedError", ex.handle(0)[1], role=Role.ROLLOUT)
+    (d,) = ex.take_deaths()
+    assert (d.role, d.generation) == (Role.ROLLOUT, 2) and not ex.reachable(0)
+
+
 def test_crash_loop_is_flagged_within_the_window(ex, monkeypatch):
     clock = [1000.0]
     monkeypatch.setattr(executor.time, "monotonic", lambda: clock[0])
