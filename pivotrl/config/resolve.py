@@ -38,19 +38,35 @@ def _kind(cfg: Any) -> str:
     return getattr(cfg.cluster.kind, "value", str(cfg.cluster.kind))
 
 
-def default_allocation(mode: str, n: int) -> dict[str, int]:
+def default_allocation(mode: str, n: int, tp: dict[str, int] | None = None) -> dict[str, int]:
     """Device split of a real run when `deploy.allocation` is empty (the simulator sweeps
-    instead; a real run cannot): a quarter of the devices train, the rest generate."""
+    instead; a real run cannot): about a quarter of the devices train, the rest generate, each
+    inference pool a whole number of its replicas (`tp`: rollout, reward replica sizes)."""
+    tp = tp or {"rollout": 1, "reward": 1}
     tr = max(1, n // 4)
+
+    def whole(devices: int, size: int) -> int:  # at least one replica, else whole replicas
+        return max(size, devices // size * size)
+
     if mode == "disaggregated":
         if n < 3:
             raise ConfigError("num_devices", ">= 3 for deploy=disaggregated (one pool per role)", n, "cluster")
-        rm = max(1, n // 4)
-        return {"rollout": n - rm - tr, "reward": rm, "train": tr}
+        rm = whole(n // 4, tp["reward"])
+        ro = whole(n - rm - tr, tp["rollout"])
+        if n - rm - ro < 1:
+            raise ConfigError("num_devices", f">= {rm + ro + 1} for deploy=disaggregated with models.policy.tp="
+                              f"{tp['rollout']} and models.genrm.tp={tp['reward']} (a replica of each role and a "
+                              f"training device), or set deploy.allocation", n, "cluster")
+        return {"rollout": ro, "reward": rm, "train": n - rm - ro}
     if mode == "rr_colocated":
         if n < 2:
             raise ConfigError("num_devices", ">= 2 for deploy=rr_colocated", n, "cluster")
-        return {"rollout": n - tr, "reward": 0, "train": tr}
+        size = max(tp.values())  # the shared pool holds replicas of both roles (sizes nest)
+        pool = whole(n - tr, size)
+        if n - pool < 1:
+            raise ConfigError("num_devices", f">= {pool + 1} for deploy=rr_colocated with replicas of {size} "
+                              f"devices and a training device, or set deploy.allocation", n, "cluster")
+        return {"rollout": pool, "reward": 0, "train": n - pool}
     if mode == "pivot":
         return {"train": tr}
     return {}
@@ -121,7 +137,7 @@ def resolve(cfg: Any) -> Resolved:
     elif kind == "sim" or mode == "colocated":
         alloc = {}
     else:
-        alloc = default_allocation(mode, n)
+        alloc = default_allocation(mode, n, {"rollout": int(cfg.models.policy.tp), "reward": int(cfg.models.genrm.tp)})
     accel = cfg.cluster.accelerator or ("cuda" if kind == "ray" else "cpu")
     decay = cfg.algo.lr_decay_steps
     steps = int(cfg.train.steps)

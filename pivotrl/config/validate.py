@@ -29,6 +29,10 @@ def validate_cross_fields(cfg: "PivotConfig") -> None:
         if tp > min(n, node) or min(n, node) % tp:
             raise ConfigError("tp", f"a divisor of the devices per node, min(cluster.num_devices={n}, "
                               f"cluster.node_size={node})", tp, f"models.{role}")
+    eng = getattr(cfg, "engine", None)
+    if getattr(eng, "vllm_tensor_parallel_size", 1) != 1:
+        raise ConfigError("vllm_tensor_parallel_size", "1 (each replica's is set from models.policy.tp / "
+                          "models.genrm.tp)", eng.vllm_tensor_parallel_size, "engine")
     tp_of = {"rollout": models.policy.tp, "reward": models.genrm.tp, "train": 1}
     try:
         dep.check_allocation(n, tp_of)

@@ -138,6 +138,8 @@ class CPUEngine:
     """Continuous-batching engine over a `transformers` model on the CPU (see module docstring)."""
 
     name = "cpu"
+    tensor_parallel_size = 1
+    """One device per replica (a replica of several devices needs vLLM)."""
 
     def __init__(self, model_path: str | Path, cfg: EngineConfig | None = None, version: int = 0,
                  tokenizer_path: str | Path | None = None) -> None:

@@ -235,6 +235,8 @@ class InferenceEngine(Protocol):
     """What the runtime needs from one inference replica (rollout or reward)."""
 
     name: str
+    tensor_parallel_size: int
+    """Devices this engine runs across (its tensor-parallel ranks), as the engine itself reports it."""
 
     def submit(self, request: GenerationRequest) -> None:
         """Queue a sequence (fresh or resumed). Raises ValueError for a duplicate live seq_id or a

@@ -130,6 +130,7 @@ class VLLMEngine:
         self._generated_total = 0
         self._reprefill_total = 0
         self._kv_capacity = 0
+        self.tensor_parallel_size = int(self.cfg.vllm_tensor_parallel_size)
         self._released = False
         self._sleep_level = 0  # level of the current sleep (0: awake or stopped)
         self._failed: str | None = None
@@ -167,6 +168,8 @@ class VLLMEngine:
                              f"{type(e).__name__}: {e}") from e
         cc = self._llm.vllm_config.cache_config
         self._kv_capacity = int((cc.num_gpu_blocks or 0) * (cc.block_size or 0))
+        self.tensor_parallel_size = int(self._llm.vllm_config.parallel_config.tensor_parallel_size)
+        """Devices the started engine runs across (vLLM's own parallel config)."""
 
     def engine_args(self) -> Any:
         """vLLM's `AsyncEngineArgs` for this engine (what the default client factory starts)."""
@@ -176,6 +179,10 @@ class VLLMEngine:
             model=str(self.model_path), tokenizer=str(self.model_path), dtype=self.cfg.dtype,
             max_model_len=self.max_model_len, max_num_seqs=self.cfg.max_num_seqs, seed=self.cfg.seed,
             enforce_eager=self.cfg.vllm_enforce_eager, tensor_parallel_size=self.cfg.vllm_tensor_parallel_size,
+            # the replica's actor owns its devices: its ranks are this engine's own processes
+            # (inside a Ray placement group vLLM would otherwise ask Ray for workers of its own)
+            distributed_executor_backend="mp" if self.cfg.vllm_tensor_parallel_size > 1 else None,
+            enable_expert_parallel=self.cfg.vllm_expert_parallel and self.cfg.vllm_tensor_parallel_size > 1,
             gpu_memory_utilization=self.cfg.vllm_gpu_memory_utilization,
             worker_extension_cls="pivotrl.engines.vllm_worker.PivotWorkerExtension",
             enable_sleep_mode=self.sleep_mode, disable_log_stats=False,
@@ -481,6 +488,14 @@ class VLLMEngine:
                     f"{type(cause).__name__}: {cause}; it is shut down (rebuild it)", aborted=aborted, phase=phase)
 
     def shutdown(self) -> None:
+        if threading.current_thread() is self._thread or not self._loop.is_running():
+            # garbage-collected on the loop thread itself, or the loop already stopped: nothing
+            # can wait on the loop here, so hand the client's own shutdown the rest
+            llm, self._llm = self._llm, None
+            if llm is not None:
+                llm.shutdown()
+            self._released = True
+            return
         if self._llm is not None:
             try:
                 self.abort()

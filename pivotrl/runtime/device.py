@@ -3,7 +3,9 @@
 Owns: the device process, its thread budget (`torch.set_num_threads`) and core pinning
 (`os.sched_setaffinity`, only where the node has a core per device thread: `cluster.cores_for_device`),
 the role hosts on this device (one active, the rest dormant with only their preserved context:
-`roles.py`), and the driving loop of an active inference engine.
+`roles.py`), and the driving loop of an active inference engine. The first device of a replica of
+several devices starts its engine across the slot's cores and accelerators (`placed`); the other
+devices of the slot host a `roles.MemberHost`.
 
 Driving model. The protocol's engines are synchronous (`pivotrl.engines.protocol`). A background
 thread steps the active engine while it has work, so decoding never waits for the driver. The
@@ -27,16 +29,18 @@ does that). Knows nothing about schedulers, plans or the control plane.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from pivotrl.core.types import Role
-from pivotrl.runtime.roles import InferenceHost, RoleHost, RoleSpec, ShiftTiming, TrainHost, make_host
+from pivotrl.runtime.roles import (EnginePlacement, InferenceHost, RoleHost, RoleSpec, ShiftTiming, TrainHost,
+                                   make_host)
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +117,7 @@ class DeviceWorker:
             live = st.running + st.waiting
         return {"device": self.device, "live_sequences": live, "pid": os.getpid(), "host": socket.gethostname(),
                 "node_id": ctx.get_node_id(), "threads": torch.get_num_threads(), "cores": self.cores,
+                "accelerators": [str(g) for g in ray.get_gpu_ids()],
                 "role": None if self.active is None else self.active.role.value,
                 "dormant": sorted(r.value for r, h in self.hosts.items() if not h.active)}
 
@@ -127,10 +132,16 @@ class DeviceWorker:
             if self.active is not None:
                 raise RuntimeError(f"device {self.device}: shift_up({spec.role.value}) while "
                                    f"{self.active.role.value} is active; shift it down first")
-            host = self.hosts.get(spec.role)
-            if host is None or host.spec.model_path != spec.model_path:
-                host = self.hosts[spec.role] = make_host(spec)
-            timing = host.shift_up(state_dict, version)
+            if spec.leader is not None:  # a member holds nothing: no context to keep for later
+                host = make_host(spec)
+            else:
+                host = self.hosts.get(spec.role)
+                if host is None or host.spec.model_path != spec.model_path:
+                    if host is not None:
+                        host.close()
+                    host = self.hosts[spec.role] = make_host(spec)
+            with placed(spec.placement):
+                timing = host.shift_up(state_dict, version)
             with self._cv:
                 self.active = host
                 self._reported.clear()
@@ -304,6 +315,32 @@ class DeviceWorker:
                 host.close()
             self.hosts.clear()
             self.active = None
+
+
+@contextlib.contextmanager
+def placed(placement: EnginePlacement | None) -> Iterator[None]:
+    """Within: this process runs on every core and sees every accelerator of `placement`, so an
+    engine started here spawns its tensor-parallel ranks across the replica's devices (they keep
+    what they inherited); the actor's own pinning and visibility come back after."""
+    if placement is None:
+        yield
+        return
+    cores = os.sched_getaffinity(0) if placement.cores and hasattr(os, "sched_setaffinity") else None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    try:
+        if cores is not None:
+            os.sched_setaffinity(0, set(placement.cores))
+        if placement.accelerator_ids:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(placement.accelerator_ids)
+        yield
+    finally:
+        if cores is not None:
+            os.sched_setaffinity(0, cores)
+        if placement.accelerator_ids:
+            if visible is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = visible
 
 
 def device_actor_class() -> Any:

@@ -91,8 +91,8 @@ class DeviceDriver:
         t = self.now
         self.stats.hold(self.ex.role_of.values(), t - self._last)
         self._last = t
-        for d, role in self.ex.role_of.items():
-            if role in INFERENCE_ROLES and d not in self.polls:
+        for d in self.ex.serving():
+            if d not in self.polls:
                 actor, self.poll_gen[d] = self.ex.handle(d)
                 self.polls[d] = actor.poll.remote(self.cl.poll_s)
         refs = list(self.polls.values())
@@ -176,11 +176,12 @@ class DeviceDriver:
 
     def _on_death(self, death: Death) -> Iterator[Any]:
         """Send the sequences of a respawned device back to the queue with their tokens and
-        re-host its replica (mid-shift devices are re-hosted by their shift)."""
-        d, role = death.device, death.role
+        re-host its replica (mid-shift devices are re-hosted by their shift). A member of a
+        replica of several devices held no sequences: it re-joins, and the replica goes on."""
+        d, role, slot = death.device, death.role, death.slot
         self.monitor.forget(d)
         self.polls.pop(d, None)
-        lost = self.ledger.lost(role, d) if role in INFERENCE_ROLES else []
+        lost = self.ledger.lost(role, d) if slot is not None else []
         self.record_event("device_death", device=d, role=getattr(role, "value", None), why=death.why,
                           sequences=lost, generation=death.generation, held_train_state=death.held_train,
                           crash_loop=death.crash_loop,
@@ -190,11 +191,12 @@ class DeviceDriver:
         # checkpoint on the next training shift up (a death during a step raises in `_train`)
         if death.crash_loop:  # a training device among them stops the run in the controller
             self.to_retire.add(d)
-        if role not in INFERENCE_ROLES:
+        if slot is None:
             return
-        slot = Slot(role, d, self.r.tp[role.value])
         if d not in self.ctrl.pending_devices() and not death.crash_loop:
-            self.ex.rehost(slot)  # dying again here is one more death, taken next round
+            self.ex.rehost(slot, d)  # dying again here is one more death, taken next round
+        if d != slot.first_device:
+            return
         yield ReplicaLost(self.now, role=role, replica_id=slot.slot_id)
 
     def training_died(self, devices: list[int], why: str) -> str:

@@ -25,6 +25,11 @@ Owns (parameters for shift up come from `params.ParamSource`, the GPS):
 - Crash loops: a device that died more than `max_respawns` times within `respawn_window_s` is
   flagged (`Death.crash_loop`); the runtime then `retire`s it (it leaves the pool).
 
+- Replicas of several devices (`tp` > 1): the slot's first device runs the engine across the
+  slot (`roles.EnginePlacement`, read from the device actors' cores and accelerator ids at shift
+  up), the others host a `roles.MemberHost`. Moves, polls and weight loads go to the first device
+  (`serving`); a member that dies is respawned and re-joins its replica, whose engine goes on.
+
 Knows nothing about the deployment modes: it executes what the controller decided.
 """
 from __future__ import annotations
@@ -32,14 +37,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from pivotrl.core.scheduler import Move
 from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
 from pivotrl.runtime.device import spawn_device
 from pivotrl.runtime.faults import point
-from pivotrl.runtime.roles import RoleSpec, ShiftTiming
+from pivotrl.runtime.roles import EnginePlacement, RoleSpec, ShiftTiming
 
 if TYPE_CHECKING:
     from pivotrl.runtime.params import ParamSource
@@ -73,6 +78,8 @@ class Death:
     device: int
     role: Role | None
     """The role the device held (None: none, or mid-shift)."""
+    slot: Slot | None
+    """The inference slot it served, or was being re-hosted into (None: none)."""
     why: str
     generation: int
     """Generation of the fresh actor that replaced the dead one."""
@@ -139,6 +146,7 @@ class Executor:
         self.role_of: dict[int, Role | None] = {d: None for d in self.actors}
         self.generation: dict[int, int] = {d: 0 for d in self.actors}
         self.slots: dict[str, Slot] = {}  # replica id -> its slot (every slot ever shifted up)
+        self.hosted: dict[int, Slot] = {}  # device -> the inference slot it serves now
         self.shift_log: list[dict[str, Any]] = []
         self.deaths: list[Death] = []  # every death, in order (the run's one count)
         self._new_deaths: list[Death] = []  # not yet taken by the runtime
@@ -167,11 +175,11 @@ class Executor:
         with self._lock:
             return {d: (self.actors[d], self.generation[d]) for d in devices}
 
-    def respawn(self, device: int, why: str, generation: int | None = None, role: Role | None = None) -> bool:
+    def respawn(self, device: int, why: str, generation: int | None = None, slot: Slot | None = None) -> bool:
         """Replace a dead actor by a fresh one on the same bundle (holding no role). With
         `generation` (of the handle that failed), a device someone already replaced is left alone;
-        returns whether this call replaced it. `role`: the role it was being given when it died
-        (a re-host), if it held none."""
+        returns whether this call replaced it. `slot`: the inference slot it was being re-hosted
+        into when it died, if it served none."""
         import ray
 
         with self._lock:
@@ -182,7 +190,8 @@ class Executor:
                 ray.kill(old)
             except Exception:
                 pass
-            role = self.role_of[device] or role
+            slot = self.hosted.pop(device, None) or slot
+            role = self.role_of[device] or (slot.role if slot is not None else None)
             now = time.monotonic()
             times = [t for t in self._death_times.get(device, []) if now - t <= self.respawn_window_s] + [now]
             self._death_times[device] = times
@@ -195,7 +204,7 @@ class Executor:
             self.role_of[device] = None
             if role in INFERENCE_ROLES:
                 self.unhosted.add(device)
-            death = Death(device, role, why, self.generation[device], held_train, len(times) > self.max_respawns)
+            death = Death(device, role, slot, why, self.generation[device], held_train, len(times) > self.max_respawns)
             self.deaths.append(death)
             self._new_deaths.append(death)
         log.warning("device %d died (%s); respawned with no role%s", device, why,
@@ -215,6 +224,7 @@ class Executor:
         with self._lock:
             self.retired.add(device)
             self.unhosted.discard(device)
+            self.hosted.pop(device, None)
             self.role_of[device] = None
             try:
                 ray.kill(self.actors[device])
@@ -227,6 +237,12 @@ class Executor:
         """Whether moves may reach `device` (not unhosted after a death, not retired)."""
         return device not in self.unhosted and device not in self.retired
 
+    def serving(self) -> dict[int, Role]:
+        """The first device of every inference replica hosted now -> its role (the devices that
+        run an engine: polls and weight loads go to these)."""
+        with self._lock:
+            return {s.first_device: s.role for s in self.hosted.values()}
+
     def device_of(self, replica_id: str) -> int:
         """The device whose actor runs replica `replica_id` (its slot's first device)."""
         slot = self.slots.get(replica_id)
@@ -234,27 +250,28 @@ class Executor:
             raise ValueError(f"replica {replica_id!r} was never shifted up on this cluster")
         return slot.first_device
 
-    def rehost(self, slot: Slot) -> bool:
-        """Shift a respawned, roleless device up to `slot` again (cold: a fresh engine, weights from
-        GPS at the current version). False when it died again on the way: it is respawned, and that
-        death carries `slot.role`, so taking it re-hosts once more (bounded: a crash loop leaves
-        the pool)."""
+    def rehost(self, slot: Slot, device: int) -> bool:
+        """Shift respawned, roleless `device` up to its place in `slot` again: the replica's engine
+        (cold: a fresh engine, weights from GPS at the current version) if it is the slot's first
+        device, else a member of the replica. False when it died again on the way: it is
+        respawned, and that death carries `slot`, so taking it re-hosts once more (bounded: a
+        crash loop leaves the pool)."""
         import ray
 
-        ref, version = self._params_for(slot)
-        d0 = slot.first_device
-        actor, gen = self.handle(d0)
-        point("rehost", d0, actor)
+        actor, gen = self.handle(device)
+        call = self._ups(slot, only=device)[device]
+        point("rehost", device, actor)
         try:
-            ray.get(actor.shift_up.remote(self.specs(slot, 0), ref, version))
+            ray.get(call(actor))
         except Exception as e:
             if not _dead(e):
                 raise
-            self.respawn(d0, f"re-host: {type(e).__name__}", gen, role=slot.role)
+            self.respawn(device, f"re-host: {type(e).__name__}", gen, slot=slot)
             return False
-        for d in slot.devices:
-            self.role_of[d] = slot.role
-            self.unhosted.discard(d)
+        with self._lock:
+            self.role_of[device] = slot.role
+            self.unhosted.discard(device)
+            self.hosted[device] = slot
         return True
 
     # ------------------------------------------------------------------ moves
@@ -306,15 +323,38 @@ class Executor:
             return None, 0
         return self.params.read(self.model_of[slot.role])
 
-    def _ups(self, s: Slot) -> dict[int, Callable[[Any], Any]]:
-        """device -> the shift up call (on a given actor) of each device of slot `s` (specs and
-        parameters read now)."""
-        ref, version = self._params_for(s)
+    def _ups(self, s: Slot, only: int | None = None) -> dict[int, Callable[[Any], Any]]:
+        """device -> the shift up call (on a given actor) of each device of slot `s` (or of device
+        `only`), specs and parameters read now. Only a replica's first device reads parameters;
+        it gets the slot's placement when the replica spans several devices."""
         out: dict[int, Callable[[Any], Any]] = {}
         for i, d in enumerate(s.devices):
+            if only is not None and d != only:
+                continue
             spec = self.specs(s, i)
+            ref, version = (None, 0) if spec.leader is not None else self._params_for(s)
+            if i == 0 and s.tp > 1 and s.role in INFERENCE_ROLES:
+                spec = replace(spec, placement=self._placement(s))
             out[d] = lambda actor, spec=spec, ref=ref, version=version: actor.shift_up.remote(spec, ref, version)
         return out
+
+    def _placement(self, s: Slot) -> EnginePlacement:
+        """The cores and accelerator ids of every device of `s`, as their actors report them (a
+        dead one adds none: its shift up finds it dead and respawns it)."""
+        import ray
+
+        cores: set[int] = set()
+        ids: list[str] = []
+        for d, (actor, _) in self.handles(s.devices).items():
+            try:
+                info = ray.get(actor.info.remote())
+            except Exception as e:
+                if not _dead(e):
+                    raise
+                continue
+            cores.update(info.get("cores") or ())
+            ids.extend(info.get("accelerators") or ())
+        return EnginePlacement(tuple(s.devices), tuple(sorted(cores)) or None, tuple(ids))
 
     def _recover_training(self, slot: Slot) -> None:
         """A trainer rank's state died: rebuild every rank of `slot` from the checkpoint at the
@@ -369,8 +409,10 @@ class Executor:
             downs = {d: (lambda actor: actor.shift_down.remote()) for s in plan.down for d in s.devices}
             timings = self._call_all(downs, "shift_down", res, retry=None)
             t1 = time.perf_counter()
-            for d in downs:
-                self.role_of[d] = None
+            with self._lock:
+                for d in downs:
+                    self.role_of[d] = None
+                    self.hosted.pop(d, None)
             train_up = [s for s in plan.up if s.role == Role.TRAIN]
             if train_up and self.train_state_lost:
                 self._recover_training(train_up[0])
@@ -390,17 +432,22 @@ class Executor:
                     up_t.update(self._call_all(self._ups(s), "shift_up", res, retry=None))
             t2 = time.perf_counter()
             for s in plan.up:
-                for d in s.devices:
-                    self.role_of[d] = s.role
-                    self.unhosted.discard(d)
+                with self._lock:
+                    for d in s.devices:
+                        self.role_of[d] = s.role
+                        self.unhosted.discard(d)
+                        if s.role in INFERENCE_ROLES:
+                            self.hosted[d] = s
                 if s.role == Role.TRAIN:
                     self.train_ranks.update(s.devices)
                 else:
                     for d in s.devices:
                         if d in self.train_ranks:  # a training-home device lent to inference
                             point("lent_home", d, self.handle(d)[0])
-                if s.role in INFERENCE_ROLES:
-                    res.kv_capacity[s.slot_id] = int(self.specs(s, 0).engine.kv_capacity_tokens)
+                if s.role in INFERENCE_ROLES:  # the capacity the engine reports (vLLM: blocks x block size)
+                    t = up_t.get(s.first_device)
+                    reported = t.detail.get("kv_capacity_tokens") if isinstance(t, ShiftTiming) else None
+                    res.kv_capacity[s.slot_id] = int(reported or self.specs(s, 0).engine.kv_capacity_tokens)
             res.seconds = (t1 - t0, t2 - t1)
             for d, t in list(timings.items()) + list(up_t.items()):
                 if isinstance(t, ShiftTiming):
@@ -420,7 +467,7 @@ class Executor:
         device's `load_weights`: the seconds its engine spent loading, the generation of the actor
         called). A dead device is respawned (its replacement reads the new version from GPS on
         re-host)."""
-        h = self.handles(d for d, r in list(self.role_of.items()) if r == Role.ROLLOUT)
+        h = self.handles(d for d, r in self.serving().items() if r == Role.ROLLOUT)
         return {d: (actor.load_weights.remote(ref, version), gen) for d, (actor, gen) in h.items()}
 
     def publish_policy(self, timeout_s: float = 120.0) -> tuple[int, list[dict[str, float]]]:
@@ -433,7 +480,7 @@ class Executor:
 
         ref, version = self.params.read("policy")
         per: list[dict[str, float]] = []
-        for d, r in list(self.role_of.items()):
+        for d, r in self.serving().items():
             if r == Role.ROLLOUT:
                 point("publish", d, self.handle(d)[0])
         for d, (r, gen) in self.publish_to_rollout(ref, version).items():

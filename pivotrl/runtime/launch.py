@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +105,11 @@ class Launch:
                             rank=index, world_size=slot.tp, init_method=f"file://{self._pg_file}",
                             resume_from=str(self.resume_path) if self.resume_path else None)
         path = self.policy_path if slot.role == Role.ROLLOUT else self.genrm_path
-        return RoleSpec(slot.role, "policy" if slot.role == Role.ROLLOUT else "genrm", str(path),
-                        engine=self.cfg.engine)
+        # a replica of several devices: its first device runs the engine with tensor parallelism
+        # across the slot; every other device of the slot is a member holding nothing
+        engine = replace(self.cfg.engine, vllm_tensor_parallel_size=slot.tp)
+        return RoleSpec(slot.role, "policy" if slot.role == Role.ROLLOUT else "genrm", str(path), engine=engine,
+                        leader=slot.first_device if index > 0 else None)
 
     def close(self) -> None:
         try:

@@ -81,6 +81,21 @@ def val_accuracy(cfg: Any, r: Any, assets: Any, tok: Any, val: list, params: Any
         eng.shutdown()
 
 
+def check_tensor_parallel(cfg: Any) -> None:
+    """A replica of several devices needs an engine that runs tensor parallelism (vLLM): the
+    project's CPU engine hosts one device per replica."""
+    from pivotrl.config.base import ConfigError
+    from pivotrl.engines.registry import resolve_engine_name
+
+    engine = resolve_engine_name(cfg.engine.name)
+    for role in ("policy", "genrm"):
+        tp = int(getattr(cfg.models, role).tp)
+        if tp > 1 and engine != "vllm":
+            raise ConfigError("tp", f"1 with engine.name={cfg.engine.name!r} (its engine, {engine!r}, runs one "
+                              f"device per replica); a replica of several devices needs engine=vllm", tp,
+                              f"models.{role}")
+
+
 def run_real(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
     """Validate, run the RL loop on real devices, validate again; always tear down."""
     import torch
@@ -96,10 +111,7 @@ def run_real(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
 
     r = resolve(cfg)
     check_kv_capacity(cfg)  # before any asset is loaded or Ray starts
-    if any(t != 1 for t in r.tp.values()):
-        raise ValueError(f"the real runtimes host one engine per device actor (no tensor parallelism "
-                         f"across actors yet): models.policy.tp and models.genrm.tp must be 1, got "
-                         f"{r.tp['rollout']}, {r.tp['reward']}")
+    check_tensor_parallel(cfg)
     progress = bool(cfg.logging.progress)
     torch.set_num_threads(1)
     assets = load_assets(cfg, progress=progress)

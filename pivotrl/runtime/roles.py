@@ -26,6 +26,11 @@ halves of a shift on one device, each timed:
   `EngineFailedError` (`pivotrl.engines.errors`) after the host dropped the engine: the device
   holds no serving engine and the next shift up builds a fresh one.
 
+A replica of several devices (`tp` > 1) is hosted by its first device: that device's
+`InferenceHost` starts the engine with `tensor_parallel_size=tp` on every device of the slot
+(`RoleSpec.placement`), and each other device of the slot holds a `MemberHost`: it belongs to the
+replica's role and holds nothing of its own (the engine's other ranks are the engine's processes).
+
 Training's parameters are declared offloadable, not "parameters": its fp32 master weights and
 optimizer state are the source of truth that GPS is written *from*, so they go to host memory and
 come back bit for bit; reading them back from GPS would lose the optimizer state. Training also
@@ -92,6 +97,20 @@ class ShiftTiming:
 
 
 @dataclass(frozen=True)
+class EnginePlacement:
+    """Where the engine of a replica of several devices runs: on every device of its slot. The
+    executor reads each device actor's cores and accelerator ids (`DeviceWorker.info`); the first
+    device's actor starts the engine with these (its tensor-parallel ranks are the engine's own
+    processes, which inherit them)."""
+
+    devices: tuple[int, ...]
+    cores: tuple[int, ...] | None = None
+    """CPU cores of the slot's devices (`cluster=local` pins each device; None: not pinned)."""
+    accelerator_ids: tuple[str, ...] = ()
+    """GPU ids of the slot's devices as Ray assigned them (`CUDA_VISIBLE_DEVICES`; empty on CPU)."""
+
+
+@dataclass(frozen=True)
 class RoleSpec:
     """Everything a device needs to host a role (picklable: it travels to the device actor)."""
 
@@ -112,6 +131,13 @@ class RoleSpec:
     """Process-group rendezvous URL shared by the training ranks (`file://...`)."""
     resume_from: str | None = None
     """Training: a trainer checkpoint folder to load when the rank is first built (`train.resume`)."""
+    leader: int | None = None
+    """Inference, a device of a replica of several devices other than its first: that first
+    device, whose actor runs the replica's engine across the slot. This device holds nothing of
+    its own (`MemberHost`)."""
+    placement: EnginePlacement | None = None
+    """Inference, the first device of a replica of several devices: the devices, cores and
+    accelerators its engine spans (None: this device alone)."""
 
     def __post_init__(self) -> None:
         if self.role in (Role.ROLLOUT, Role.REWARD) and self.engine is None:
@@ -123,6 +149,10 @@ class RoleSpec:
                 raise ValueError(f"RoleSpec.rank={self.rank} must be in [0, world_size={self.world_size})")
             if self.world_size > 1 and not self.init_method:
                 raise ValueError("RoleSpec.init_method is required when world_size > 1")
+        if (self.leader is not None or self.placement is not None) and self.role == Role.TRAIN:
+            raise ValueError("RoleSpec.leader and RoleSpec.placement are for inference replicas, not train")
+        if self.leader is not None and self.placement is not None:
+            raise ValueError("RoleSpec: a member of a replica (leader set) has no engine placement")
 
 
 class RoleHost(ABC):
@@ -203,8 +233,11 @@ class InferenceHost(RoleHost):
             raise
         self._weights_kept = False
         self.active = True
+        st = self.engine.stats(drain=False)  # what the engine itself reports, for the scheduler
+        detail.update(kv_capacity_tokens=float(st.kv_capacity_tokens),
+                      tensor_parallel_size=float(self.engine.tensor_parallel_size))
         return ShiftTiming(self.role.value, "up", time.perf_counter() - t0, cold=cold,
-                           version=int(self.engine.stats(drain=False).version), detail=detail)
+                           version=int(st.version), detail=detail)
 
     def shift_down(self) -> ShiftTiming:
         t0 = time.perf_counter()
@@ -302,8 +335,25 @@ class TrainHost(RoleHost):
             pass
 
 
+class MemberHost(RoleHost):
+    """A device lent to a replica of several devices whose engine runs in the first device's actor
+    (`RoleSpec.leader`): the engine's other tensor-parallel ranks run on this device's accelerator
+    (or cores), so the device belongs to the replica's role while its own actor holds nothing."""
+
+    CONTEXT = ContextDecl(temporary=(), parameters=(), offloadable=(), preserved=())
+
+    def shift_up(self, state_dict: Mapping[str, Any] | None, version: int) -> ShiftTiming:
+        self.active = True
+        return ShiftTiming(self.role.value, "up", 0.0, version=version, detail={"member_of": float(self.spec.leader)})
+
+    def shift_down(self) -> ShiftTiming:
+        self.active = False
+        return ShiftTiming(self.role.value, "down", 0.0, detail={"member_of": float(self.spec.leader)})
+
+
 HOSTS: dict[Role, type[RoleHost]] = {Role.ROLLOUT: InferenceHost, Role.REWARD: InferenceHost, Role.TRAIN: TrainHost}
 
 
 def make_host(spec: RoleSpec) -> RoleHost:
-    return HOSTS[spec.role](spec)
+    """The host of `spec`: a member of another device's replica, or the role's own host."""
+    return MemberHost(spec) if spec.leader is not None else HOSTS[spec.role](spec)

@@ -110,3 +110,26 @@ def test_config_error_carries_the_path():
     with pytest.raises(ConfigError) as exc:
         make(["algo.clip_ratio_low=2"])
     assert exc.value.path == "algo" and exc.value.field == "clip_ratio_low" and "(0, 1)" in str(exc.value)
+
+
+@pytest.mark.parametrize("mode, n, tp, want", [
+    ("disaggregated", 4, (1, 1), {"rollout": 2, "reward": 1, "train": 1}),
+    ("disaggregated", 4, (1, 2), {"rollout": 1, "reward": 2, "train": 1}),
+    ("disaggregated", 8, (2, 4), {"rollout": 2, "reward": 4, "train": 2}),
+    ("rr_colocated", 4, (1, 2), {"rollout": 2, "reward": 0, "train": 2}),
+])
+def test_the_default_split_is_whole_replicas_of_each_role(mode, n, tp, want):
+    from pivotrl.config.resolve import default_allocation
+
+    got = default_allocation(mode, n, {"rollout": tp[0], "reward": tp[1]})
+    assert got == want
+    assert got["rollout"] % tp[0] == 0 and got["reward"] % tp[1] == 0 and sum(got.values()) == n
+
+
+def test_a_default_split_that_cannot_hold_a_replica_of_each_role_says_what_it_needs():
+    from pivotrl.config.base import ConfigError
+    from pivotrl.config.resolve import default_allocation
+
+    with pytest.raises(ConfigError, match=r"cluster.num_devices=3 is invalid; allowed: >= 5 for deploy=disaggregated "
+                                          r"with models.policy.tp=2 and models.genrm.tp=2"):
+        default_allocation("disaggregated", 3, {"rollout": 2, "reward": 2})

@@ -29,7 +29,8 @@ class RecordingLLM:
         self.calls: list[tuple] = []
         self.fail = fail
         self.loaded: list[dict] = []
-        self.vllm_config = SimpleNamespace(cache_config=SimpleNamespace(num_gpu_blocks=64, block_size=16))
+        self.vllm_config = SimpleNamespace(cache_config=SimpleNamespace(num_gpu_blocks=64, block_size=16),
+                                           parallel_config=SimpleNamespace(tensor_parallel_size=1))
 
     def _record(self, *call) -> None:
         self.calls.append(call)

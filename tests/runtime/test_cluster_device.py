@@ -160,3 +160,22 @@ def test_run_ray_without_gpus_names_both_numbers(cluster, tiny_assets, tmp_path)
     with pytest.raises(ClusterResourceError, match=r"num_devices=4 devices requested.*only 0 'GPU'"):
         run_real(_ray_cfg(tiny_assets, "pivot", 4), tmp_path, None)
     assert ray.is_initialized()
+
+
+def test_an_engine_started_in_a_placement_spans_the_slot_and_the_actor_gets_its_own_back(monkeypatch):
+    """`placed` widens this process to the slot's cores and accelerators while the engine starts
+    (its rank processes inherit them), then restores the actor's own."""
+    import os
+
+    from pivotrl.runtime.device import placed
+    from pivotrl.runtime.roles import EnginePlacement
+
+    own = os.sched_getaffinity(0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    slot_cores = (min(own),)  # a subset this machine has, so setting it can be observed
+    with placed(EnginePlacement((2, 3), cores=slot_cores, accelerator_ids=("2", "3"))):
+        assert os.sched_getaffinity(0) == set(slot_cores)
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert os.sched_getaffinity(0) == own and os.environ["CUDA_VISIBLE_DEVICES"] == "3"
+    with placed(None):
+        assert os.sched_getaffinity(0) == own

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 import pivotrl.runtime.executor as executor
-from pivotrl.core.types import Role
+from pivotrl.core.types import Role, Slot
 
 
 class StubActor:
@@ -56,9 +56,22 @@ def test_a_death_at_re_host_keeps_the_role_it_was_given(ex):
     ex.respawn(0, "poll", ex.handle(0)[1])
     ex.take_deaths()
     assert ex.role_of[0] is None
-    assert ex.respawn(0, "re-host: ActorDiedError", ex.handle(0)[1], role=Role.ROLLOUT)
+    slot = Slot(Role.ROLLOUT, 0, 1)
+    assert ex.respawn(0, "re-host: ActorDiedError", ex.handle(0)[1], slot=slot)
     (d,) = ex.take_deaths()
-    assert (d.role, d.generation) == (Role.ROLLOUT, 2) and not ex.reachable(0)
+    assert (d.role, d.slot, d.generation) == (Role.ROLLOUT, slot, 2) and not ex.reachable(0)
+
+
+def test_a_death_carries_the_slot_its_device_served(ex):
+    """A member of a two-device replica dies: its death names the replica's slot (the runtime
+    re-joins it without touching the replica's sequences), and the device serves nothing now."""
+    slot = Slot(Role.REWARD, 0, 2)
+    ex.hosted.update({0: slot, 1: slot})
+    assert ex.serving() == {0: Role.REWARD}, "only the first device runs the engine"
+    ex.respawn(1, "poll", ex.handle(1)[1])
+    (d,) = ex.take_deaths()
+    assert d.slot == slot and d.device != slot.first_device
+    assert ex.serving() == {0: Role.REWARD} and 1 not in ex.hosted
 
 
 def test_crash_loop_is_flagged_within_the_window(ex, monkeypatch):

@@ -77,3 +77,19 @@ def test_a_failed_wake_drops_the_engine_and_the_next_shift_up_builds_a_fresh_one
     up = host.shift_up(None, 1)
     assert up.cold and len(llms) == 2 and host.active
     host.close()
+
+
+def test_a_member_of_a_replica_of_several_devices_holds_nothing(folder):
+    """Device 1 of a two-device GenRM replica: its host is a member (no engine, no weights read);
+    a member may not carry a placement, and train has no members."""
+    spec = RoleSpec(Role.REWARD, "genrm", str(folder), engine=EngineConfig(name="cpu"), leader=0)
+    host = roles.make_host(spec)
+    assert isinstance(host, roles.MemberHost) and host.CONTEXT.as_dict() == {c.value: [] for c in roles.Category}
+    up = host.shift_up(None, 3)
+    assert host.active and (up.direction, up.seconds, up.version, up.detail) == ("up", 0.0, 3, {"member_of": 0.0})
+    assert not host.shift_down().seconds and not host.active
+    with pytest.raises(ValueError, match="no engine placement"):
+        RoleSpec(Role.REWARD, "genrm", str(folder), engine=EngineConfig(name="cpu"), leader=0,
+                 placement=roles.EnginePlacement((0, 1)))
+    assert isinstance(roles.make_host(RoleSpec(Role.REWARD, "genrm", str(folder), engine=EngineConfig(name="cpu"))),
+                      InferenceHost)

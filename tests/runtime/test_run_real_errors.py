@@ -62,3 +62,35 @@ def test_kv_capacity_of_exactly_one_judge_request_passes_the_check():
     cfg = make_local_cfg({k: k for k in ("policy", "genrm", "train", "val")}, "pivot",
                          ["engine.kv_capacity_tokens=236"])
     check_kv_capacity(cfg)
+
+
+def test_a_replica_of_several_devices_needs_the_vllm_engine(tmp_path):
+    import ray
+
+    from pivotrl.config.base import ConfigError
+    from pivotrl.runtime.real import run_real
+
+    fake = {k: tmp_path / k for k in ("policy", "genrm", "train", "val")}
+    cfg = make_local_cfg(fake, "disaggregated", ["models.genrm.tp=2", "engine=cpu"])
+    with pytest.raises(ConfigError) as ei:
+        run_real(cfg, tmp_path, None)
+    assert str(ei.value).startswith("models.genrm.tp=2 is invalid; allowed: 1 with engine.name='cpu'")
+    assert "needs engine=vllm" in str(ei.value) and not ray.is_initialized()
+
+
+def test_each_device_of_a_replica_gets_its_place(tmp_path):
+    """A two-device GenRM slot: the first device runs the engine with tensor_parallel_size=2, the
+    second is a member of it; training ranks are unchanged."""
+    from pivotrl.config import compose_config
+    from pivotrl.config.resolve import resolve
+    from pivotrl.core.types import Role, Slot
+    from pivotrl.runtime.launch import Launch
+
+    cfg = compose_config(["deploy=disaggregated", "cluster=local", "models.genrm.tp=2", "engine=vllm"])
+    la = Launch(cfg, resolve(cfg), tmp_path / "p", tmp_path / "g", tmp_path)
+    slot = Slot(Role.REWARD, 2, 2)
+    lead, member = la.role_spec(slot, 0), la.role_spec(slot, 1)
+    assert (lead.leader, lead.engine.vllm_tensor_parallel_size) == (None, 2)
+    assert (member.leader, member.role) == (2, Role.REWARD)
+    assert la.role_spec(Slot(Role.ROLLOUT, 0, 1), 0).engine.vllm_tensor_parallel_size == 1
+    assert cfg.engine.vllm_tensor_parallel_size == 1, "the config's own value is untouched"
