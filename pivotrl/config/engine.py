@@ -68,6 +68,12 @@ class EngineConfig:
     host memory and restores them in place (frozen models), 2 discards them (a policy whose next
     version comes from GPS). The runtime's role hosts name it per role (reward 1, rollout 2)."""
 
+    vllm_release_fallback: str = "keep"
+    """vLLM where it has no sleep mode (its CPU build): what a shift down does. `keep`: the engine
+    stays resident and frees nothing (the next shift up of the policy loads the new weights into
+    it; the frozen GenRM's stay). `restart`: the engine process stops (its memory goes back) and
+    the next shift up starts a fresh one (~20 s on 2 cores). Where vLLM sleeps, it sleeps."""
+
     vllm_weight_bucket_mb: int = 512
     """vLLM: a GPS read streams into the workers in buckets of about this many MiB (bounds the
     extra host memory of a load; `pivotrl.engines.weight_sync`). >= 1."""
@@ -92,6 +98,8 @@ class EngineConfig:
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ValueError("engine.vllm_gpu_memory_utilization must be in (0, 1], got "
                              f"{self.vllm_gpu_memory_utilization!r}")
+        if self.vllm_release_fallback not in ("keep", "restart"):
+            raise ValueError(f"engine.vllm_release_fallback must be keep or restart, got {self.vllm_release_fallback!r}")
         if self.vllm_sleep_level not in (1, 2):
             raise ValueError(f"engine.vllm_sleep_level must be 1 or 2, got {self.vllm_sleep_level!r}")
         if not (isinstance(self.vllm_weight_bucket_mb, int) and self.vllm_weight_bucket_mb >= 1):

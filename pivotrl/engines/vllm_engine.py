@@ -24,9 +24,12 @@ the given state dict, else the model folder), then `wake_up(tags=["kv_cache"])`,
 prefix cache (its blocks were computed under the old weights). A failure in any step shuts the
 engine down and raises `EngineWakeError` (`pivotrl.engines.errors`); a failed `load_weights` on a
 serving engine aborts its sequences (returned on the error for the queue), shuts it down and
-raises `EngineLoadError`: a half-loaded engine never serves. vLLM's CPU build has no sleep mode,
-so there the engine process is shut down and restarted (about 20 s on 2 cores); either way memory
-really goes back to the system. The client (`AsyncLLM`) is built by `client_factory`, so tests
+raises `EngineLoadError`: a half-loaded engine never serves. vLLM's CPU build has no sleep mode;
+there `EngineConfig.vllm_release_fallback` decides: `keep` (default) leaves the engine resident
+and frees nothing (a level-2 shift up still loads the given weights, or the folder's; a level-1
+one loads nothing), `restart` shuts the engine process down and starts a fresh one at the next
+shift up (memory really goes back to the system; about 20 s per shift up on 2 cores, which
+dominates a shifting run). The client (`AsyncLLM`) is built by `client_factory`, so tests
 drive these branches with a recording stand-in, as on a GPU.
 
 Timing samples for the throughput model come from a vLLM stat logger (`vllm_stats.py`).
@@ -410,9 +413,10 @@ class VLLMEngine:
                 return
             if self.sleep_mode:
                 self._run(self._llm.sleep(level=level))
-                self._sleep_level = level
-            else:
+            elif self.cfg.vllm_release_fallback == "restart":
                 self._stop_llm()
+            # else `keep`: the engine stays resident; the shift up loads what level 2 discarded
+            self._sleep_level = level
             self._released = True
 
     def reacquire_memory(self, state_dict: Mapping[str, object] | None = None,
@@ -442,10 +446,11 @@ class VLLMEngine:
                         else:
                             self._load_state_dict(state_dict)
                         times["load_s"] = time.perf_counter() - t
-                else:
-                    phase = "wake_weights"
-                    self._run(self._llm.wake_up(tags=["weights"]))
-                    times["wake_weights_s"] = time.perf_counter() - t
+                else:  # asleep, or kept resident where vLLM cannot sleep (`vllm_release_fallback=keep`)
+                    if self.sleep_mode:
+                        phase = "wake_weights"
+                        self._run(self._llm.wake_up(tags=["weights"]))
+                        times["wake_weights_s"] = time.perf_counter() - t
                     phase = "load_weights"
                     t = time.perf_counter()
                     if hasattr(state_dict, "to_wire"):  # a GPS FileManifest: the workers map it
@@ -458,7 +463,8 @@ class VLLMEngine:
                     times["load_s"] = time.perf_counter() - t
                     phase = "wake_kv_cache"
                     t = time.perf_counter()
-                    self._run(self._llm.wake_up(tags=["kv_cache"]))
+                    if self.sleep_mode:
+                        self._run(self._llm.wake_up(tags=["kv_cache"]))
                     self._reset_prefix_cache()
                     times["wake_kv_s"] = time.perf_counter() - t
             except Exception as e:  # noqa: BLE001 - typed for the runtime, engine made unusable

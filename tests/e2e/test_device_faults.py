@@ -101,8 +101,8 @@ def test_kill_at_shift_down(ray_session, tiny_assets, tmp_path, hook):
     (d,) = _deaths(tmp_path)  # found by the shift down or by a poll already in flight: once either way
     assert d["device"] == 1 and d["why"].split(":")[0] in ("shift_down", "poll")
     down = [r for r in _timeline(tmp_path) if r["kind"] == "shift_timing" and r["role_up"] == "reward"][0]
-    by_shift = d["why"].startswith("shift_down")
-    assert down["dead"] == ([1] if by_shift else []), "the shift reports the death only if it found it"
+    # the shift saw the dead actor unless the poll's respawn came before its call
+    assert down["dead"] == [1] if d["why"].startswith("shift_down") else down["dead"] in ([], [1])
     assert any(t["device"] == 1 and t["role"] == "reward" and t["direction"] == "up" for t in down["devices"]), \
         "the reward shift brought the fresh actor up"
 

@@ -180,10 +180,35 @@ def test_bad_model_folder_names_it(tmp_path):
 
 @pytest.mark.slow
 def test_release_and_reacquire_memory(veng, cpu_ref, prompts):
-    veng.release_memory()  # CPU build: no sleep mode, so the engine process stops
+    """The CPU build cannot sleep. `keep` (default): the engine stays resident, a level-1 shift up
+    loads nothing, a level-2 one loads the given weights. `restart`: the process stops and a
+    fresh one starts. Either way a released engine takes no request and serves the same outputs."""
+    import dataclasses
+
+    from safetensors.torch import load_file
+
+    version, before = veng.stats().version, [c.token_ids for c in veng.generate(_reqs(prompts, base=450))]
+    veng.release_memory(level=1)
     assert veng.stats().memory_released
     with pytest.raises(RuntimeError, match="released"):
         veng.submit(_reqs(prompts)[0])
     times = veng.reacquire_memory()
-    assert times["restart_s"] > 0 and veng.stats().version == 0
-    assert [c.token_ids for c in veng.generate(_reqs(prompts, base=500))] == cpu_ref
+    assert "restart_s" not in times, "kept resident"
+    assert veng.stats().version == version, "level 1 kept the weights it held"
+    assert [c.token_ids for c in veng.generate(_reqs(prompts, base=500))] == before
+    veng.release_memory(level=2)
+    weights = load_file(str(next(veng.model_path.glob("*.safetensors"))))
+    times = veng.reacquire_memory(weights, 7)
+    assert times["load_s"] > 0 and "restart_s" not in times and veng.stats().version == 7
+    assert [c.token_ids for c in veng.generate(_reqs(prompts, base=550))] == cpu_ref
+
+    cfg = veng.cfg
+    veng.cfg = dataclasses.replace(cfg, vllm_release_fallback="restart")
+    try:
+        veng.release_memory()  # the engine process stops
+        assert veng.stats().memory_released
+        times = veng.reacquire_memory()
+        assert times["restart_s"] > 0 and veng.stats().version == 0
+        assert [c.token_ids for c in veng.generate(_reqs(prompts, base=600))] == cpu_ref
+    finally:
+        veng.cfg = cfg
