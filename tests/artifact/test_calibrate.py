@@ -63,3 +63,15 @@ def test_implied_mfu_grows_with_the_throughput_it_must_explain():
     assert lo["train_devices"] == 8  # Table 4's training home set
     assert 0 < lo["min_mfu"] < hi["min_mfu"]
     assert hi["step_s_at_paper"] == pytest.approx(hi["tokens_per_step"] / 22_822)
+
+
+def test_cache_key_changes_with_the_model_not_with_the_fitted_values(monkeypatch, tmp_path):
+    g = "qwen7b_qwen30b"
+    fit = cal.Fitter(tmp_path, 1, [g])
+    base = fit.model_key(g, "rr_colocated")
+    assert base != fit.model_key(g, "disaggregated")  # one key per mode
+    fit.params["mfu"]["H20"] = 0.41  # a fitted value is in the point, not in the model key
+    assert cal.Fitter(tmp_path, 1, [g]).model_key(g, "rr_colocated") == base
+    real = cal.overrides
+    monkeypatch.setattr(cal, "overrides", lambda *a: [*real(*a), "models.sim.phase_switch=shift"])
+    assert cal.Fitter(tmp_path, 1, [g]).model_key(g, "rr_colocated") != base  # a changed model
