@@ -75,3 +75,15 @@ def test_cache_key_changes_with_the_model_not_with_the_fitted_values(monkeypatch
     real = cal.overrides
     monkeypatch.setattr(cal, "overrides", lambda *a: [*real(*a), "models.sim.phase_switch=shift"])
     assert cal.Fitter(tmp_path, 1, [g]).model_key(g, "rr_colocated") != base  # a changed model
+
+
+def test_point_reports_sim_against_the_paper_with_stage_seconds():
+    from artifact.calibrate.points import point
+
+    r = point("qwen7b_qwen30b", "disaggregated", ["train.steps=3"])
+    assert r["paper_tokens_per_s"] == 11_711
+    assert r["ratio"] == [round(r["sim_tokens_per_s"] / 11_711, 3)]
+    assert r["paper_step_s"] == [round(r["tokens_per_step"] / 11_711, 1)]
+    assert 0 < r["rollout_s"] < r["step_s"] and r["train_s"] > 0
+    faster = point("qwen7b_qwen30b", "disaggregated", ["train.steps=3", "cluster.hardware.mfu=0.41"])
+    assert faster["train_s"] < r["train_s"]  # the override reaches the run
