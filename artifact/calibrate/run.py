@@ -21,7 +21,8 @@ Against: the three baselines (colocated, disaggregated, rr_colocated) of each gr
 Table 4 allocations, read from Fig. 9 (`artifact/expected/fig9.json`): 12 values, of which 1.5b's
 colocated and rr_colocated are an unordered pair (the loss takes the better order). Loss: the sum
 of squared log ratios sim/paper. Method: coordinate descent over a grid per constant (`CONSTANTS`),
-`--rounds` passes, every evaluation cached in `<out>/cache.json` (resumable).
+`--rounds` passes, every evaluation cached in `<out>/cache.json` (resumable; keyed by the model's
+config hash too, so a changed model never reuses an old result).
 
 Pivot, the Fig. 11 ablations and Fig. 14 are never evaluated here: they are predictions
 (`artifact.fig9`, `artifact.fig11`, `artifact.fig14` report their errors). With `--write` the
@@ -139,6 +140,7 @@ class Fitter:
         self.params: dict[str, dict[str, float]] = {
             c.name: {scope_key(c, g): c.start for g in groups} for c in CONSTANTS}
         self.evals = 0
+        self._model_keys: dict[tuple[str, str], str] = {}
 
     def values(self, g: str, override: tuple[str, float] | None = None) -> tuple[tuple[str, float], ...]:
         vals = {c.name: self.params[c.name][scope_key(c, g)] for c in CONSTANTS if g in c.groups}
@@ -146,9 +148,21 @@ class Fitter:
             vals[override[0]] = override[1]
         return tuple(sorted(vals.items()))
 
+    def model_key(self, group: str, mode: str) -> str:
+        """Hash of everything but the fitted constants that sets a baseline's simulation (the
+        group's other constants, the engine and phase settings, the simulator version), so a
+        cache entry is never reused after the model changed."""
+        if (group, mode) not in self._model_keys:
+            from pivotrl.bench.sim import load_config
+            from pivotrl.sim.sweep import config_hash
+
+            fixed = {c.name: c.start for c in CONSTANTS}
+            self._model_keys[(group, mode)] = config_hash(load_config(overrides(group, mode, fixed)))
+        return self._model_keys[(group, mode)]
+
     def throughputs(self, points: list[tuple[str, tuple]]) -> dict[tuple, dict[str, float]]:
-        """Baseline throughputs of every (group, values) point, cached."""
-        key = lambda g, m, v: json.dumps([g, m, v])  # noqa: E731
+        """Baseline throughputs of every (group, values) point, cached by the model's key too."""
+        key = lambda g, m, v: json.dumps([g, m, v, self.model_key(g, m)])  # noqa: E731
         todo = list(dict.fromkeys((g, m, v) for g, v in points for m in BASELINES if key(g, m, v) not in self.cache))
         if todo:
             if self.jobs > 1:

@@ -34,8 +34,9 @@ class SimConfig:
     """Simulator settings of a model group."""
 
     mem_util: float = 0.9
-    """Share of device memory an inference engine may use (weights + KV cache); vLLM's default
-    `gpu_memory_utilization` (E)."""
+    """Share of device memory an inference engine may use (weights + KV cache): vLLM's
+    `gpu_memory_utilization` (its own default 0.9; verl's rollout config sets 0.5, which the paper
+    groups use: docs/calibration_sources.md §4)."""
     kv_reserve_tokens: int = 0
     """KV tokens a scheduler keeps free on a replica when admitting a sequence (growth headroom)."""
     max_num_seqs: int = 256
@@ -49,8 +50,17 @@ class SimConfig:
     within the staleness bound (docs/calibration_sources.md)."""
     reward_batch_barrier: bool = False
     """deploy=disaggregated only: the GenRM scores a batch after the batch's rollout is complete
-    (verl's `reward.compute_reward(batch)`), instead of streaming judgements as responses finish.
-    Pivot streams (paper Fig. 10); the phased modes already run reward after rollout."""
+    (verl's older `reward.compute_reward(batch)`), instead of streaming judgements as responses
+    finish. Off in the paper groups: the paper's disaggregated baseline consumes each response
+    "immediately" (§2), as verl's Reward Loop does on a separate pool (docs/calibration_sources.md
+    §4). Pivot streams (paper Fig. 10); the phased modes already run reward after rollout."""
+    phase_switch: str = "shift"
+    """How the phased modes (colocated, rr_colocated) swap an inference model at a phase boundary:
+    `shift` = a full shift, as our own runtime does it (engine overheads `shift_up_base_s` /
+    `shift_down_s` + the weight read); `sleep` = verl's colocated engines, vLLM `sleep(level=1)`
+    then `wake_up`: the engine process, its CUDA graphs and communicators stay alive, and only the
+    weights move, to host memory and back over PCIe (`weight_bytes / tp / host_to_device_bw`
+    each way; docs/calibration_sources.md §4). Training's shifts are unchanged."""
     memory_budget_gib: float = 2.0
     """Host memory the simulator may use for its largest table (the planner's Alg. 1 choice table,
     replicas x devices int32 entries). A cluster beyond it is refused at start with the number of
@@ -109,6 +119,8 @@ class SimConfig:
             raise ValueError(f"models.sim.memory_budget_gib must be > 0, got {self.memory_budget_gib}")
         if isinstance(self.mem_util, float) and not 0.0 < self.mem_util <= 1.0:
             raise ValueError(f"models.sim.mem_util must be in (0, 1], got {self.mem_util}")
+        if self.phase_switch not in ("shift", "sleep"):
+            raise ValueError(f"models.sim.phase_switch must be 'shift' or 'sleep', got {self.phase_switch!r}")
         if self.pivot_home not in ("paper", "sweep"):
             raise ValueError(f"models.sim.pivot_home must be 'paper' or 'sweep', got {self.pivot_home!r}")
         if isinstance(self.sweep_units, int) and self.sweep_units < 2:

@@ -47,6 +47,7 @@ from pivotrl.sim.engine import SimReplica
 from pivotrl.sim.metrics import RunStats
 from pivotrl.sim.setup import SimSetup
 
+PHASED_MODES = ("colocated", "rr_colocated")  # swap models on a shared pool at phase boundaries
 STUCK_S = 3600.0  # simulated seconds with only ticks happening and nothing scheduled = deadlocked
 LOW_FRACTION = 0.2  # "below 20 % of peak per-device throughput" (paper Fig. 3)
 
@@ -328,11 +329,19 @@ class SimRuntime:
 
     # ------------------------------------------------------------------ physics hooks (subclasses)
     def shift_seconds(self, plan: Any) -> tuple[float, float]:
-        """(down, up) seconds of `plan`: the slowest replica of each half (the time model's)."""
+        """(down, up) seconds of `plan`: the slowest replica of each half (the time model's). The
+        phased modes with `models.sim.phase_switch: sleep` swap inference models by vLLM
+        sleep/wake (weights only, `RoleCosts.swap_s` each way), as verl's colocated engines do."""
         pol = self.cfg.models.policy
-        down_s = max([pol.train_shift_down_s if s.role == Role.TRAIN else self.s.costs[s.role].shift_down_s
+        swap = self.ctrl.name in PHASED_MODES and self.cfg.models.sim.phase_switch == "sleep"
+
+        def inference(role: Role, up: bool) -> float:
+            c = self.s.costs[role]
+            return c.swap_s if swap else (c.shift_up_s if up else c.shift_down_s)
+
+        down_s = max([pol.train_shift_down_s if s.role == Role.TRAIN else inference(s.role, False)
                       for s in plan.down] or [0.0])
-        up_s = max([pol.train_shift_up_s if s.role == Role.TRAIN else self.s.costs[s.role].shift_up_s
+        up_s = max([pol.train_shift_up_s if s.role == Role.TRAIN else inference(s.role, True)
                     for s in plan.up] or [0.0])
         return down_s, up_s
 

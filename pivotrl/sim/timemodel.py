@@ -6,7 +6,7 @@ Owns the formulas of calibration.md §3 and §5, and nothing else:
 - KV capacity of a replica (HBM share minus weights);
 - training step time from the MFU model;
 - shift-up/down times (weight read from host over PCIe + the paper's measured engine overheads),
-  training shift times, and weight publish time.
+  the phased modes' sleep/wake swap (weights only), training shift times, and weight publish time.
 
 The decode clock itself is core's `ThroughputModel` (`decode_time`, `iter_time`): the simulator and
 the control plane share one formula, and this module only fills in its constants. Every constant
@@ -84,6 +84,15 @@ def shift_up_time(spec: ModelSpec, hw: HardwareProfile, tp: int | None = None) -
     return spec.shift_up_base_s + spec.weight_bytes / tp / hw.host_to_device_bw
 
 
+def swap_time(spec: ModelSpec, hw: HardwareProfile, tp: int | None = None) -> float:
+    """One direction of a vLLM sleep/wake swap (verl's colocated engines, `models.sim.phase_switch:
+    sleep`): `sleep(level=1)` copies this replica's weight shard to host memory and `wake_up`
+    copies it back, each `weight_bytes / tp / host_to_device_bw`; the engine, its CUDA graphs and
+    communicators stay alive, so no engine overhead is paid (the KV cache is only re-mapped)."""
+    tp = spec.tp if tp is None else tp
+    return spec.weight_bytes / tp / hw.host_to_device_bw
+
+
 def shift_down_time(spec: ModelSpec) -> float:
     """Inference shift down: discard weights and KV (paper Fig. 12: under 2 s)."""
     return spec.shift_down_s
@@ -103,6 +112,8 @@ class RoleCosts:
     kv_capacity: int
     shift_up_s: float
     shift_down_s: float
+    swap_s: float = 0.0
+    """One direction of a sleep/wake swap (`swap_time`), for the phased modes' `phase_switch: sleep`."""
 
     def peak_per_device(self, context: float) -> float:
         """Best tokens/s per device: the max over N (within KV capacity) of T(N, N*context)/tp,
@@ -134,6 +145,7 @@ def role_costs(models: ModelsConfig, hw: HardwareProfile, role: Role) -> RoleCos
         kv_capacity=kv_capacity(spec, hw, models.sim.mem_util),
         shift_up_s=shift_up_time(spec, hw),
         shift_down_s=shift_down_time(spec),
+        swap_s=swap_time(spec, hw),
     )
 
 

@@ -63,3 +63,27 @@ def test_implied_mfu_grows_with_the_throughput_it_must_explain():
     assert lo["train_devices"] == 8  # Table 4's training home set
     assert 0 < lo["min_mfu"] < hi["min_mfu"]
     assert hi["step_s_at_paper"] == pytest.approx(hi["tokens_per_step"] / 22_822)
+
+
+def test_cache_key_changes_with_the_model_not_with_the_fitted_values(monkeypatch, tmp_path):
+    g = "qwen7b_qwen30b"
+    fit = cal.Fitter(tmp_path, 1, [g])
+    base = fit.model_key(g, "rr_colocated")
+    assert base != fit.model_key(g, "disaggregated")  # one key per mode
+    fit.params["mfu"]["H20"] = 0.41  # a fitted value is in the point, not in the model key
+    assert cal.Fitter(tmp_path, 1, [g]).model_key(g, "rr_colocated") == base
+    real = cal.overrides
+    monkeypatch.setattr(cal, "overrides", lambda *a: [*real(*a), "models.sim.phase_switch=shift"])
+    assert cal.Fitter(tmp_path, 1, [g]).model_key(g, "rr_colocated") != base  # a changed model
+
+
+def test_point_reports_sim_against_the_paper_with_stage_seconds():
+    from artifact.calibrate.points import point
+
+    r = point("qwen7b_qwen30b", "disaggregated", ["train.steps=3"])
+    assert r["paper_tokens_per_s"] == 11_711
+    assert r["ratio"] == [round(r["sim_tokens_per_s"] / 11_711, 3)]
+    assert r["paper_step_s"] == [round(r["tokens_per_step"] / 11_711, 1)]
+    assert 0 < r["rollout_s"] < r["step_s"] and r["train_s"] > 0
+    faster = point("qwen7b_qwen30b", "disaggregated", ["train.steps=3", "cluster.hardware.mfu=0.41"])
+    assert faster["train_s"] < r["train_s"]  # the override reaches the run
