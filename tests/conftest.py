@@ -23,3 +23,16 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_ray_left_running(request):
+    """Each test module stops the Ray it started: a session left running would make the next
+    module's `ray.init` fail (and, under `-n`, which module comes next depends on the worker)."""
+    yield
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+        pytest.fail(f"{request.module.__name__} left a Ray session running (stopped now)", pytrace=False)

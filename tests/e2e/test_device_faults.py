@@ -3,8 +3,9 @@
 Deterministic: `pivotrl.runtime.faults` calls a hook at each named phase (submit, poll, shift
 down, shift up, train, publish, a training-home device lent to inference), and the hook kills the
 device's actor right there, inside the loop, and waits until Ray reports it dead. No kill depends
-on timing, and each test runs while a busy-loop process it started loads the machine (bounded: it
-stops itself after `STRESS_S` seconds and is killed by its pid at the end).
+on timing. `PIVOTRL_STRESS=N` runs the module beside N busy-loop processes it starts (bounded: each
+stops itself after `STRESS_S` seconds and is killed by its pid at the end), the timing-independence
+check recorded in BENCHMARKS.md; the default suite runs them without (0), beside the other tests.
 
 Each run starts 4 device actors that import torch and transformers (30-90 s on 2 loaded cores),
 so every test here is `slow`. Run them with `python -m pytest tests/e2e/test_device_faults.py -m slow`.
@@ -29,8 +30,8 @@ BUSY = f"import time\nend = time.monotonic() + {STRESS_S}\nwhile time.monotonic(
 
 @pytest.fixture(scope="module", autouse=True)
 def stress():
-    """One busy-looping process for the module's runs (a core of load on this 2-core machine)."""
-    procs = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(int(os.environ.get("PIVOTRL_STRESS", "1")))]
+    """`PIVOTRL_STRESS` busy-looping processes for the module's runs (each a core of load)."""
+    procs = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(int(os.environ.get("PIVOTRL_STRESS", "0")))]
     try:
         yield procs
     finally:

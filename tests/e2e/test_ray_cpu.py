@@ -1,0 +1,64 @@
+"""The whole `cluster=ray` path on CPU (issue 14 item 10), run as a user types it:
+`python train.py cluster=ray cluster.accelerator=cpu cluster.address=local deploy=<mode>`.
+
+Its own Ray head (a private one: own temp dir and port) declares 4 devices; vLLM's CPU build is
+the engine, gloo the training backend, the weights bf16. The policy is the bootstrap's tiny Qwen2,
+the GenRM the bootstrap's tiny Qwen3-MoE (upcycled from its dense GenRM and fine-tuned so that it
+judges), hosted as a replica of 2 devices: the slot's first device runs vLLM with
+tensor_parallel_size=2, the other is a member of it. pivot and disaggregated, 2 steps each.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+P, G = 4, 4
+RUN = ["cluster=ray", "cluster.accelerator=cpu", "cluster.address=local", "cluster.num_devices=4",
+       "models.genrm.tp=2", "models.bootstrap.genrm_arch=qwen3_moe", "models.bootstrap.dtype=bfloat16",
+       "train.steps=2", f"train.prompts_per_step={P}", f"train.group_size={G}", "logging.wandb_mode=disabled",
+       "logging.progress=false"]
+
+
+def _records(run_dir: Path, name: str) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / name).read_text().splitlines()]
+
+
+@pytest.mark.parametrize("mode", ["pivot", "disaggregated"])
+def test_train_py_on_a_ray_head_of_cpu_devices(mode, tmp_path):
+    run_dir = tmp_path / mode
+    proc = subprocess.run([sys.executable, "train.py", f"deploy={mode}", *RUN, f"hydra.run.dir={run_dir}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["cluster"], summary["deploy"], summary["policy_version"]) == ("ray", mode, 2)
+    assert summary["samples_trained"] == summary["samples_trained_unique"] == 2 * P * G
+    assert summary["device_deaths"] == 0
+
+    cfg = (run_dir / "config.yaml").read_text()
+    assert "genrm_arch: qwen3_moe" in cfg and "dtype: bfloat16" in cfg
+
+    # the GenRM replica: vLLM reports tensor parallelism 2 on the slot's first device, the next
+    # device is its member; the KV capacity the scheduler uses is the one the engine reported
+    ups = [t for r in _records(run_dir, "timeline.jsonl") if r["kind"] == "shift_timing"
+           for t in r["devices"] if t["direction"] == "up" and t["role"] == "reward"]
+    leads = [t for t in ups if t.get("tensor_parallel_size") == 2.0]
+    assert leads and all(t["device"] % 2 == 0 for t in leads)
+    assert {t["device"] for t in ups if t.get("member_of") is not None} == {t["device"] + 1 for t in leads}
+    reported = {t["kv_capacity_tokens"] for t in leads}
+    assert len(reported) == 1 and reported.pop() > 0
+    metrics = _records(run_dir, "metrics.jsonl")
+    reward = [m["role_state"]["reward"] for m in metrics if m["role_state"]["reward"]["replicas"]]
+    assert reward and all(s["kv_capacity"] == s["replicas"] * leads[0]["kv_capacity_tokens"] for s in reward)
+
+    # the MoE GenRM judges: its outputs parse
+    judged = sum(m["samples"] for m in metrics)
+    assert sum(m["genrm_parse_failures"] for m in metrics) <= 0.1 * judged
+    if mode == "pivot":
+        assert summary["num_shifts"] > 0
