@@ -21,6 +21,7 @@ Writes are atomic like the dense entry's (`bootstrap.cached_entry`).
 
 Public API:
     derive(dense: BootstrapResult, cfg, data, force=False, progress=True) -> BootstrapResult
+    stage_key(blob) -> str
 """
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ from pivotrl.rl.data import load_examples
 DERIVED_VERSION = 1
 
 
-def _key(blob: dict) -> str:
+def stage_key(blob: dict) -> str:
+    """The 16-hex key of a derived stage from what it is built from (with `DERIVED_VERSION`)."""
     return hashlib.sha256(json.dumps({"v": DERIVED_VERSION, **blob}, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -105,11 +107,11 @@ def derive(dense: BootstrapResult, cfg: BootstrapConfig, data: DataConfig, force
     cached = dense.cached
     stages = []
     if cfg.genrm_arch == "qwen3_moe":
-        entry = root / f"moe-{_key({'dense': dense_key, 'moe': cfg.moe_key_fields()})}"
+        entry = root / f"moe-{stage_key({'dense': dense_key, 'moe': cfg.moe_key_fields()})}"
         stages.append(("qwen3_moe", entry, lambda tmp: _build_moe(dense, cfg, data, tmp, progress)))
         genrm, genrm_dtype, source = entry / "genrm", "float32", entry.name
     if cfg.dtype != cfg.policy.dtype or cfg.dtype != genrm_dtype:
-        entry = root / f"{cfg.dtype}-{_key({'dense': dense_key, 'source': source, 'dtype': cfg.dtype})}"
+        entry = root / f"{cfg.dtype}-{stage_key({'dense': dense_key, 'source': source, 'dtype': cfg.dtype})}"
         src = genrm
         stages.append((cfg.dtype, entry, lambda tmp: _build_cast(dense, src, cfg, data, tmp)))
         policy, genrm = entry / "policy", entry / "genrm"

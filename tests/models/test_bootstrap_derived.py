@@ -35,14 +35,14 @@ def _safetensors_dtypes(folder) -> set[str]:
 
 
 def test_derived_fields_leave_the_dense_key_alone(tmp_path) -> None:
-    from pivotrl.models.bootstrap_derived import _key
+    from pivotrl.models.bootstrap_derived import stage_key
 
     base = tiny_cfg(tmp_path)
     for kw in (dict(genrm_arch="qwen3_moe"), dict(dtype="bfloat16"), dict(moe_steps=7), dict(moe_num_experts=2),
                dict(genrm_arch="qwen3_moe", moe_experts_per_token=1, dtype="bfloat16")):
         assert cache_key(tiny_cfg(tmp_path, **kw), DATA) == cache_key(base, DATA), kw
     assert cache_key(tiny_cfg(tmp_path, genrm_steps=3), DATA) != cache_key(base, DATA)
-    keys = {_key({"dense": "d", "moe": tiny_cfg(tmp_path, **kw).moe_key_fields()})
+    keys = {stage_key({"dense": "d", "moe": tiny_cfg(tmp_path, **kw).moe_key_fields()})
             for kw in ({}, dict(moe_steps=7), dict(moe_num_experts=2), dict(moe_experts_per_token=1))}
     assert len(keys) == 4  # each MoE field changes the MoE stage's key
     assert tiny_cfg(tmp_path, dtype="bfloat16").moe_key_fields() == base.moe_key_fields()
