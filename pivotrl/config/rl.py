@@ -241,8 +241,34 @@ class BootstrapConfig:
     up to 20x slower per step than one (spin-waiting intra-op threads under contention)."""
     cache_dir: str | None = None
     """Bootstrap cache folder; null = `$PIVOTRL_CACHE` or `~/.cache/pivotrl`."""
+    genrm_arch: str = "qwen2"
+    """Architecture of the GenRM the run gets: `qwen2` (the dense SFT GenRM) or `qwen3_moe` (a
+    Qwen3-MoE upcycled from the cached dense GenRM, `upcycle_to_qwen3_moe`, then SFT-trained
+    `moe_steps` more steps). The MoE is a derived cache stage: choosing it never rebuilds the policy
+    or the dense GenRM (`pivotrl.models.bootstrap_derived`)."""
+    moe_steps: int = 150
+    """SFT optimizer steps of the upcycled Qwen3-MoE GenRM (`genrm_arch=qwen3_moe` only). Measured
+    at the defaults: AUC 0.98 on the policy's samples after 150 steps (BENCHMARKS.md, issue 14)."""
+    moe_num_experts: int = 8
+    """Experts per MoE layer of the upcycled GenRM (each a copy of the dense MLP at the start)."""
+    moe_experts_per_token: int = 2
+    """Experts routed to per token (top-k) in the upcycled GenRM; <= `moe_num_experts`."""
+    dtype: str = "float32"
+    """dtype the policy and GenRM folders the run gets are saved in: float32 | bfloat16. SFT always
+    runs in float32; another dtype is a derived cache stage that casts the cached folders (the
+    config.json and safetensors then say bfloat16), so it never retrains anything."""
 
     def __post_init__(self) -> None:
+        check(self.genrm_arch in GENRM_ARCHS, "genrm_arch", " | ".join(GENRM_ARCHS), self.genrm_arch)
+        check(self.dtype in ("float32", "bfloat16"), "dtype", "float32 | bfloat16", self.dtype)
+        for name in ("moe_steps",):
+            check(isinstance(getattr(self, name), int) and getattr(self, name) >= 0, name, "an int >= 0",
+                  getattr(self, name))
+        check(isinstance(self.moe_num_experts, int) and self.moe_num_experts >= 1, "moe_num_experts",
+              "an int >= 1", self.moe_num_experts)
+        check(isinstance(self.moe_experts_per_token, int) and 1 <= self.moe_experts_per_token <= self.moe_num_experts,
+              "moe_experts_per_token", f"an int in [1, moe_num_experts={self.moe_num_experts}]",
+              self.moe_experts_per_token)
         for name in ("policy_steps", "genrm_steps"):
             check(isinstance(getattr(self, name), int) and getattr(self, name) >= 0, name, "an int >= 0",
                   getattr(self, name))
@@ -255,9 +281,21 @@ class BootstrapConfig:
         check(self.warmup_steps >= 0, "warmup_steps", ">= 0", self.warmup_steps)
 
     def key_fields(self) -> dict:
-        """The fields of the cache key (everything but where the cache is)."""
+        """The fields of the dense entry's cache key: everything but where the cache is and the
+        derived stages' fields (`DERIVED_FIELDS`), so choosing those never rebuilds the dense models."""
         import dataclasses
 
         d = dataclasses.asdict(self)
-        d.pop("cache_dir")
+        for k in ("cache_dir", *DERIVED_FIELDS):
+            d.pop(k)
         return d
+
+    def moe_key_fields(self) -> dict:
+        """The fields of the upcycled MoE GenRM's key (with the dense entry's key)."""
+        return {k: getattr(self, k) for k in ("moe_steps", "moe_num_experts", "moe_experts_per_token")}
+
+
+#: GenRM architectures the bootstrap makes (`models.bootstrap.genrm_arch`).
+GENRM_ARCHS = ("qwen2", "qwen3_moe")
+#: BootstrapConfig fields of the derived cache stages (not in the dense entry's key).
+DERIVED_FIELDS = ("genrm_arch", "moe_steps", "moe_num_experts", "moe_experts_per_token", "dtype")

@@ -44,6 +44,21 @@ after top-k/top-p masking. That is the protocol's `log_softmax(logits / T)` when
 top_k is off (the runtime's rollouts); with top_p < 1 vLLM reports the nucleus-renormalised value.
 A resume continues the list it was given.
 
+Seeds and chunked prefill. Each request carries its own `SamplingParams.seed`, so a sequence's
+tokens depend on its seed only, not on which other sequences share its batches (an engine-wide
+seed alone would make them depend on the batching, so no run would be reproducible). vLLM's CPU
+build cannot combine those seeds with chunked prefill: after a step that prefilled only part of a
+prompt, the model runner rewinds the request's generator over the discarded sample
+(`gen.set_offset(gen.get_offset() - 4)` in `v1/worker/gpu_model_runner.py`, inherited by the CPU
+runner), which only a Philox (CUDA) generator supports; a CPU generator raises `RuntimeError: CPU
+Generator does not use offset` and the engine process dies. That happens whenever the prompts
+waiting exceed a step's token budget (2,048 by default), e.g. a dozen 900-token prompts. So on the
+CPU build the engine starts with chunked prefill off (`enable_chunked_prefill=False`); vLLM then
+sets the step budget `max_num_batched_tokens` to at least `max_model_len`, so any prompt that fits
+the model fits a step whole, and a step takes as many whole prompts as fit its budget (the others
+wait for the next step). Per-request seeds stay, so runs are reproducible and batches of any size
+run. Other platforms keep vLLM's default (chunked prefill on).
+
 Install: `docs/install.md` (the CPU build's caveats, and the `gpu` extra for CUDA machines).
 """
 from __future__ import annotations
@@ -189,6 +204,9 @@ class VLLMEngine:
             gpu_memory_utilization=self.cfg.vllm_gpu_memory_utilization,
             worker_extension_cls="pivotrl.engines.vllm_worker.PivotWorkerExtension",
             enable_sleep_mode=self.sleep_mode, disable_log_stats=False,
+            # The CPU build cannot chunk a seeded request's prefill: see "Seeds and chunked
+            # prefill" in the module docstring (None keeps vLLM's default elsewhere).
+            enable_chunked_prefill=False if self.platform_is_cpu() else None,
             # Log-probs of the distribution sampled from (after temperature), not of the raw
             # logits: see "Behaviour log-probs" in the module docstring.
             logprobs_mode="processed_logprobs",
@@ -206,6 +224,13 @@ class VLLMEngine:
                 self._run(stop(llm), timeout=120)
             else:
                 llm.shutdown()
+
+    @staticmethod
+    def platform_is_cpu() -> bool:
+        """Whether vLLM runs on its CPU build here (no chunked prefill: see the module docstring)."""
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cpu())
 
     @staticmethod
     def _sleep_supported() -> bool:

@@ -10,7 +10,12 @@ Public API:
         .policy_path, .genrm_path, .train_path, .val_path (Path), .report (dict), .cached (bool)
     evaluate_policy(model, tok, examples, temperature, max_new_tokens, seed) -> (accuracy, responses)
     evaluate_genrm(model, tok, examples, responses, max_new_tokens) -> dict (agreement, auc, ...)
-    CLI: python -m pivotrl.models.bootstrap [--policy-steps N] [--genrm-steps N] [--force] ...
+    cached_entry(entry, build, force=False) -> bool   (the atomic cache write; also the derived stages')
+    CLI: python -m pivotrl.models.bootstrap [--policy-steps N] [--genrm-steps N] [--genrm-arch A]
+         [--moe-steps N] [--dtype D] [--force] ...
+
+The Qwen3-MoE GenRM (`genrm_arch=qwen3_moe`) and folders in bf16 (`dtype=bfloat16`) are derived
+stages of this cache entry, built from it without changing its key (`bootstrap_derived.py`).
 
 Cache writes are atomic: everything is built in a tmp folder next to the entry and renamed into
 place, so an interrupted bootstrap never leaves an entry a later run would trust.
@@ -291,35 +296,48 @@ def _remove_stale_tmp(folder: Path) -> None:
             continue
 
 
+def cached_entry(entry: Path, build, force: bool = False) -> bool:
+    """Make the cache entry folder `entry` with `build(tmp_folder)` unless it holds a `report.json`
+    already (or `force`); return whether it was cached. Atomic: built in a tmp folder next to the
+    entry and renamed into place; tmp folders of killed builds are removed first."""
+    if (entry / "report.json").is_file() and not force:
+        return True
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmp(entry.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-{os.getpid()}-", dir=entry.parent))
+    try:
+        build(tmp)
+        if entry.exists() and not force:
+            pass  # another process finished the same entry first: keep theirs, drop ours
+        else:
+            if entry.exists():
+                old = entry.with_name(f".{entry.name}.old-{os.getpid()}")
+                os.replace(entry, old)
+                shutil.rmtree(old, ignore_errors=True)
+            os.replace(tmp, entry)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return False
+
+
 def bootstrap(cfg: BootstrapConfig | None = None, data: DataConfig | None = None, force: bool = False,
               progress: bool = True) -> BootstrapResult:
     """Return the cached bootstrap for `cfg` on the synthetic task of `data`, building it first if
     absent (or if `force`). The cache is `cfg.cache_dir` (null: `$PIVOTRL_CACHE` or
-    `~/.cache/pivotrl`)."""
+    `~/.cache/pivotrl`). With `cfg.genrm_arch=qwen3_moe` or another `cfg.dtype`, the folders
+    returned are derived stages of the dense entry (`pivotrl.models.bootstrap_derived`); `cached`
+    is then whether every stage was."""
     cfg = cfg or BootstrapConfig()
     data = data or DataConfig()
     root = Path(cfg.cache_dir) if cfg.cache_dir is not None else default_cache_dir()
     entry = root / "bootstrap" / cache_key(cfg, data)
-    cached = (entry / "report.json").is_file() and not force
-    if not cached:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_tmp(entry.parent)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-{os.getpid()}-", dir=entry.parent))
-        try:
-            _build(cfg, data, tmp, progress)
-            if entry.exists() and not force:
-                pass  # another process finished the same entry first: keep theirs, drop ours
-            else:
-                if entry.exists():
-                    old = entry.with_name(f".{entry.name}.old-{os.getpid()}")
-                    os.replace(entry, old)
-                    shutil.rmtree(old, ignore_errors=True)
-                os.replace(tmp, entry)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    cached = cached_entry(entry, lambda tmp: _build(cfg, data, tmp, progress), force)
     report = json.loads((entry / "report.json").read_text())
-    return BootstrapResult(entry / "policy", entry / "genrm", entry / "data" / "train.parquet",
-                           entry / "data" / "val.parquet", report, cached)
+    res = BootstrapResult(entry / "policy", entry / "genrm", entry / "data" / "train.parquet",
+                          entry / "data" / "val.parquet", report, cached)
+    from pivotrl.models.bootstrap_derived import derive  # the MoE GenRM and dtype stages
+
+    return derive(res, cfg, data, force=force, progress=progress)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -333,24 +351,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--genrm-arch", default=None, help="qwen2 (default) or qwen3_moe (upcycled from the dense GenRM)")
+    p.add_argument("--moe-steps", type=int, default=None, help="SFT steps of the upcycled MoE GenRM")
+    p.add_argument("--dtype", default=None, help="float32 (default) or bfloat16: dtype of the folders")
     p.add_argument("--json", type=Path, default=None, help="also write the report here")
     a = p.parse_args(argv)
     over = {k: v for k, v in {"policy_steps": a.policy_steps, "genrm_steps": a.genrm_steps,
                               "policy_label_noise": a.label_noise, "lr": a.lr, "batch_size": a.batch_size,
-                              "seed": a.seed, "num_threads": a.threads}.items() if v is not None}
+                              "seed": a.seed, "num_threads": a.threads, "genrm_arch": a.genrm_arch,
+                              "moe_steps": a.moe_steps, "dtype": a.dtype}.items() if v is not None}
     if a.cache_dir is not None:
         over["cache_dir"] = str(a.cache_dir)
     cfg = BootstrapConfig(**over)
     res = bootstrap(cfg, DataConfig(), a.force)
     r = res.report
     g = r["genrm_on_policy_samples"]
-    print(f"cache entry: {res.policy_path.parent} ({'reused' if res.cached else 'built'})")
+    print(f"cache entry: {res.policy_path.parent} ({'reused' if res.cached else 'built, or a stage of it'})")
     print(f"bootstrap seconds: {r['total_seconds']:.1f} (policy SFT {r['policy_sft_seconds']:.1f}, "
           f"GenRM SFT {r['genrm_sft_seconds']:.1f}, eval {r['eval_seconds']:.1f}); "
           f"process CPU seconds {r.get('total_cpu_seconds', float('nan')):.1f}")
     print(f"policy val accuracy: sampled(T=1) {r['policy_val_accuracy_sampled_t1']:.3f}, "
           f"greedy {r['policy_val_accuracy_greedy']:.3f}")
-    print(f"GenRM on policy samples: agreement {g['agreement']:.3f}, AUC {g['auc']:.3f}, "
+    for name, st in r.get("stages", {}).items():
+        print(f"derived stage {name}: {st['path']} ({st['seconds']:.1f} s"
+              + (f", SFT {st['sft_seconds']:.1f} s" if "sft_seconds" in st else "") + ")")
+    print(f"GenRM ({res.genrm_path}) on policy samples: agreement {g['agreement']:.3f}, AUC {g['auc']:.3f}, "
           f"positives {g['positive_rate']:.3f}, parse failures {g['parse_failures']}/{g['n']}")
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ Public API:
     family_tokenizer() -> PreTrainedTokenizerFast   (char tokenizer + FAMILY_CHAT_TEMPLATE)
     make_tiny_checkpoint(family, path, dtype="float32", seed=0) -> Path
     upcycle_to_qwen3_moe(dense, num_experts=8, experts_per_token=2) -> Qwen3MoeForCausalLM
+        (the bootstrap's MoE GenRM stage starts from it: `bootstrap_derived.py`)
         a Qwen3-MoE model started from a trained dense Qwen2 model (see its docstring)
 """
 from __future__ import annotations

