@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 
 from pivotrl.config.rl import BootstrapConfig, DataConfig
-from pivotrl.models.bootstrap import (REPORT_VAL_ROWS, BootstrapResult, cached_entry, evaluate_genrm,
-                                      evaluate_policy, genrm_example, sft)
+from pivotrl.models.sft import (REPORT_VAL_ROWS, BootstrapResult, cached_entry, evaluate_genrm, evaluate_policy,
+                                genrm_example, sft)
 from pivotrl.models.tiny import load_tiny_model, save_model_folder
 from pivotrl.rl.data import load_examples
 

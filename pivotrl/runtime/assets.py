@@ -27,7 +27,8 @@ class Assets:
     train_path: Path
     val_path: Path
     bootstrap_info: dict[str, Any] = field(default_factory=dict)
-    """`cached`, `seconds`, the bootstrapped policy's greedy accuracy; empty for user checkpoints."""
+    """`cached`, `seconds`, the bootstrapped policy's greedy accuracy, the folders served and the
+    GenRM's judge quality on the policy's samples; empty for user checkpoints."""
 
     def tokenizers(self, cfg: Any) -> tuple[Any, Any]:
         """(policy, GenRM) tokenizers, each its own model's (`models.<role>.chat`), with a chat template."""
@@ -72,7 +73,9 @@ def load_assets(cfg: Any, progress: bool = False) -> Assets:
     t0 = time.perf_counter()
     res = bootstrap(m.bootstrap, d, progress=progress)
     info = {"cached": res.cached, "seconds": time.perf_counter() - t0,
-            "policy_val_accuracy_greedy": res.report.get("policy_val_accuracy_greedy")}
+            "policy_val_accuracy_greedy": res.report.get("policy_val_accuracy_greedy"),
+            "policy_path": str(res.policy_path), "genrm_path": str(res.genrm_path),
+            "genrm_on_policy_samples": res.report.get("genrm_on_policy_samples")}
     train = _existing(d.train_path, "data.train_path", "a train parquet") if d.train_path else res.train_path
     val = _existing(d.val_path, "data.val_path", "a validation parquet") if d.val_path else res.val_path
     return Assets(res.policy_path, res.genrm_path, train, val, info)

@@ -41,8 +41,11 @@ def test_train_py_on_a_ray_head_of_cpu_devices(mode, tmp_path):
     assert summary["samples_trained"] == summary["samples_trained_unique"] == 2 * P * G
     assert summary["device_deaths"] == 0
 
-    cfg = (run_dir / "config.yaml").read_text()
-    assert "genrm_arch: qwen3_moe" in cfg and "dtype: bfloat16" in cfg
+    boot = summary["bootstrap"]  # the folders served: the bootstrap's bf16 Qwen2 policy and Qwen3-MoE GenRM
+    for role, arch in (("policy", "qwen2"), ("genrm", "qwen3_moe")):
+        hf = json.loads((Path(boot[f"{role}_path"]) / "config.json").read_text())
+        assert hf["model_type"] == arch and (hf.get("dtype") or hf.get("torch_dtype")) == "bfloat16", role
+    assert boot["genrm_on_policy_samples"]["auc"] >= 0.8, "the MoE GenRM judges"
 
     # the GenRM replica: vLLM reports tensor parallelism 2 on the slot's first device, the next
     # device is its member; the KV capacity the scheduler uses is the one the engine reported

@@ -19,7 +19,10 @@ class StubActor:
 
 @pytest.fixture
 def ex(monkeypatch):
+    import ray
+
     monkeypatch.setattr(executor, "spawn_device", lambda cluster, d, g=0: StubActor(d, g))
+    monkeypatch.setattr(ray, "kill", lambda actor, **k: None)  # a stub has no process (and no Ray starts)
     cluster = SimpleNamespace(spec=SimpleNamespace(num_devices=3))
     e = executor.Executor(cluster, specs=None, params=None, model_of={}, max_respawns=2, respawn_window_s=100.0)
     e.role_of[0] = Role.ROLLOUT
