@@ -9,11 +9,13 @@ Files (bottom-up):
 - `device.py`: one Ray actor per device (thread budget, core pinning), hosting at most one active
   role; a background loop steps its engine; poll/abort/submit/shift/train calls.
 - `roles.py`: each role's context in four categories (temporary, parameters, offloadable,
-  preserved) and the timed `shift_down` / `shift_up` halves.
+  preserved) and the timed `shift_down` / `shift_up` halves; a replica of several devices is
+  hosted by its first device (`EnginePlacement`), the others are members (`MemberHost`).
 - `params.py`: `ParamSource`, the GPS-backed parameters a shifted-up replica reads.
 - `executor.py`: scheduler moves and shift plans carried out on the actors; respawn and re-host
   of dead actors (each death recorded once), crash-loop flags, the trainer rebuilt from a
-  checkpoint when a rank's state died; measured shift times for the controller.
+  checkpoint when a rank's state died; measured shift times for the controller. `outcomes.py`:
+  what it found out (move and shift results, deaths, training errors: plain data).
 - `monitor.py`: per-role workload state and the online throughput-model fit (core's fit).
 - `assets.py`: which checkpoints and data a run loads; `evaluation.py`: prompt encoding and
   held-out accuracy; `samples.py`: requests, judge prompts, rewards, train batches;

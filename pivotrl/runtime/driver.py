@@ -38,7 +38,7 @@ from pivotrl.deploy.events import (
     DeviceLost, Dispatch, PublishWeights, Record, ReplicaLost, SequenceFinished, ShiftDone, StartShift, StartTraining,
     StepDone, Tick, TrainingDone,
 )
-from pivotrl.runtime.executor import Death, TrainingRankDied
+from pivotrl.runtime.outcomes import Death, TrainingRankDied
 from pivotrl.runtime.faults import point
 from pivotrl.runtime.ledger import SequenceLedger, Tokens
 from pivotrl.runtime.monitor import Monitor

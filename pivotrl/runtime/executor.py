@@ -37,13 +37,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from pivotrl.core.scheduler import Move
 from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
 from pivotrl.runtime.device import spawn_device
 from pivotrl.runtime.faults import point
+from pivotrl.runtime.outcomes import (Death, MoveResult, ShiftResult, TrainingRankDied, TrainingStateLost,
+                                      measured_shift_seconds)
 from pivotrl.runtime.roles import EnginePlacement, RoleSpec, ShiftTiming
 
 if TYPE_CHECKING:
@@ -57,75 +59,6 @@ def _dead(exc: BaseException) -> bool:
     import ray
 
     return isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError))
-
-
-@dataclass
-class MoveResult:
-    """What executing one batch of moves found out."""
-
-    aborted: dict[int, list[int]] = field(default_factory=dict)
-    """seq_id -> every token generated so far (the engine's count)."""
-    finished: list[tuple[int, Any]] = field(default_factory=list)
-    """(device, Completion) of sequences that finished before their abort reached the engine."""
-    dead: set[int] = field(default_factory=set)
-    """Devices found dead (already respawned, holding no role)."""
-
-
-@dataclass
-class Death:
-    """One device death, found by whichever call hit it first."""
-
-    device: int
-    role: Role | None
-    """The role the device held (None: none, or mid-shift)."""
-    slot: Slot | None
-    """The inference slot it served, or was being re-hosted into (None: none)."""
-    why: str
-    generation: int
-    """Generation of the fresh actor that replaced the dead one."""
-    held_train: bool = False
-    """Its actor held a trainer rank (active or offloaded): the trainer's state is incomplete."""
-    crash_loop: bool = False
-    """It died more than `max_respawns` times within `respawn_window_s`: it should leave the pool."""
-
-
-class TrainingRankDied(RuntimeError):
-    """A training rank's actor died during a collective training call."""
-
-    def __init__(self, devices: list[int], method: str) -> None:
-        self.devices, self.method = list(devices), method
-        super().__init__(f"training rank(s) on device(s) {self.devices} died during {method}")
-
-
-class TrainingStateLost(RuntimeError):
-    """A trainer rank's state died with its device and cannot be rebuilt at the right version."""
-
-
-@dataclass
-class ShiftResult:
-    plan: ShiftPlan
-    seconds: tuple[float, float] = (0.0, 0.0)
-    kv_capacity: dict[str, int] = field(default_factory=dict)
-    timings: list[dict[str, Any]] = field(default_factory=list)
-    dead: set[int] = field(default_factory=set)
-    error: BaseException | None = None
-    measured: dict[Role, float] = field(default_factory=dict)
-    """Per role: mean warm shift up + mean shift down of this plan's devices (`ShiftDone.measured`)."""
-
-
-def measured_shift_seconds(timings: list[dict[str, Any]]) -> dict[Role, float]:
-    """Per role, the mean warm shift up plus the mean shift down over the devices that did them
-    (cold first starts build the engine or trainer once and would overstate every later shift)."""
-    def mean(xs: list[float]) -> float | None:
-        return sum(xs) / len(xs) if xs else None
-
-    out: dict[Role, float] = {}
-    for role in (Role.ROLLOUT, Role.REWARD, Role.TRAIN):
-        up = mean([t["seconds"] for t in timings if t["role"] == role.value and t["direction"] == "up" and not t["cold"]])
-        down = mean([t["seconds"] for t in timings if t["role"] == role.value and t["direction"] == "down"])
-        if up is not None or down is not None:
-            out[role] = (up or 0.0) + (down or 0.0)
-    return out
 
 
 class Executor:

@@ -81,7 +81,7 @@ class Launch:
         the start version), through a fresh process group. Raises `TrainingStateLost` when no
         checkpoint holds that version (`train.checkpoint_every` skipped it)."""
         from pivotrl.engines.trainer_checkpoint import checkpoint_dir, latest_checkpoint
-        from pivotrl.runtime.executor import TrainingStateLost
+        from pivotrl.runtime.outcomes import TrainingStateLost
 
         if int(version) != self.resume_version:
             ck = checkpoint_dir(self.checkpoint_dir, int(version))

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 import pivotrl.runtime.executor as executor
+from pivotrl.runtime.outcomes import TrainingStateLost
 from pivotrl.core.types import Role, Slot
 
 
@@ -109,7 +110,7 @@ def _launch(tmp_path, resume_version=0):
 
 def test_recovery_without_a_checkpoint_at_the_version_stops_saying_how_to_resume(tmp_path):
     la = _launch(tmp_path)
-    with pytest.raises(executor.TrainingStateLost) as ei:
+    with pytest.raises(TrainingStateLost) as ei:
         la.recover_training(3)
     msg = str(ei.value)
     assert "policy version 3" in msg and "train.checkpoint_every=5" in msg
