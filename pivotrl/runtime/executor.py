@@ -174,7 +174,7 @@ class Executor:
         """The first device of every inference replica hosted now -> its role (the devices that
         run an engine: polls and weight loads go to these)."""
         with self._lock:
-            return {s.first_device: s.role for s in self.hosted.values()}
+            return {d: s.role for d, s in self.hosted.items() if d == s.first_device}
 
     def device_of(self, replica_id: str) -> int:
         """The device whose actor runs replica `replica_id` (its slot's first device)."""

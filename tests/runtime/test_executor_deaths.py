@@ -76,6 +76,8 @@ def test_a_death_carries_the_slot_its_device_served(ex):
     (d,) = ex.take_deaths()
     assert d.slot == slot and d.device != slot.first_device
     assert ex.serving() == {0: Role.REWARD} and 1 not in ex.hosted
+    ex.respawn(0, "poll", ex.handle(0)[1])  # now the engine's own device: nothing serves there
+    assert ex.serving() == {} and ex.take_deaths()[0].slot == slot
 
 
 def test_crash_loop_is_flagged_within_the_window(ex, monkeypatch):
