@@ -18,10 +18,6 @@ def _has_cuda() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    # files holding `slow` tests first (order otherwise kept), so that under `-n 2 --dist loadfile`
-    # the long end-to-end files start early and the two workers finish together
-    slow_files = {item.path for item in items if "slow" in item.keywords}
-    items.sort(key=lambda item: item.path not in slow_files)
     if any("gpu" in item.keywords for item in items) and not _has_cuda():
         skip = pytest.mark.skip(reason="needs CUDA")
         for item in items:
