@@ -394,11 +394,12 @@ class VLLMEngine:
 
     def load_weights(self, state_dict: Mapping[str, object], version: int) -> None:
         """Replace the weights of the serving engine in place and drop its prefix cache (those
-        blocks were computed under the old weights). On failure the engine aborts its sequences,
+        blocks were computed under the old weights). `state_dict` may also be a leased GPS
+        `FileManifest` (`load_weights_from_gps`). On failure the engine aborts its sequences,
         shuts down and raises `EngineLoadError` carrying their tokens."""
         self._check_live()
         try:
-            self._load_state_dict(state_dict)
+            self._load(state_dict)
             self._reset_prefix_cache()
         except Exception as e:  # noqa: BLE001 - typed for the runtime, engine made unusable
             raise self._fail(EngineLoadError, "load", e) from e
@@ -408,13 +409,14 @@ class VLLMEngine:
         """Load a GPS node buffer (`FileManifest`, leased by the caller) in place: the workers
         map its file and read the tensors as views (`vllm_worker.py`), in buckets of
         `EngineConfig.vllm_weight_bucket_mb` on CUDA. Failure: as `load_weights`."""
-        self._check_live()
-        try:
-            self._rpc_gps(manifest)
-            self._reset_prefix_cache()
-        except Exception as e:  # noqa: BLE001 - typed for the runtime, engine made unusable
-            raise self._fail(EngineLoadError, "load", e) from e
-        self.version = int(version)
+        self.load_weights(manifest, version)
+
+    def _load(self, weights: Any) -> None:
+        """Into the workers: a GPS `FileManifest` (they map its file) or a state dict."""
+        if hasattr(weights, "to_wire"):
+            self._rpc_gps(weights)
+        else:
+            self._load_state_dict(weights)
 
     def _rpc_gps(self, manifest: Any) -> None:
         self._run(self._llm.collective_rpc("pivot_load_weights_from_gps",
@@ -466,10 +468,7 @@ class VLLMEngine:
                     if state_dict is not None:
                         phase = "load_weights"
                         t = time.perf_counter()
-                        if hasattr(state_dict, "to_wire"):
-                            self._rpc_gps(state_dict)
-                        else:
-                            self._load_state_dict(state_dict)
+                        self._load(state_dict)
                         times["load_s"] = time.perf_counter() - t
                 else:  # asleep, or kept resident where vLLM cannot sleep (`vllm_release_fallback=keep`)
                     if self.sleep_mode:
@@ -478,10 +477,8 @@ class VLLMEngine:
                         times["wake_weights_s"] = time.perf_counter() - t
                     phase = "load_weights"
                     t = time.perf_counter()
-                    if hasattr(state_dict, "to_wire"):  # a GPS FileManifest: the workers map it
-                        self._rpc_gps(state_dict)
-                    elif state_dict is not None:
-                        self._load_state_dict(state_dict)
+                    if state_dict is not None:
+                        self._load(state_dict)
                     elif self._sleep_level == 2:  # the weights were discarded: the folder's, again
                         self._rpc_load_files(sorted(str(p) for p in self.model_path.glob("*.safetensors")))
                         self.version = self.initial_version
