@@ -252,6 +252,13 @@ class CPUEngine:
 
     # ------------------------------------------------------------------ weights / memory
     def load_weights(self, state_dict: Mapping[str, object], version: int) -> None:
+        """Replace the weights in place. `state_dict` may also be a leased GPS `FileManifest`:
+        its node buffer is mapped and its tensors read as views (one copy, from the GPS pages into
+        the parameters)."""
+        if hasattr(state_dict, "to_wire"):
+            from pivotrl.engines.weight_sync import iter_manifest_tensors
+
+            state_dict = dict(iter_manifest_tensors(state_dict.to_wire(), 0))
         with self._lock:
             self._check_live()
             own = self.model.state_dict()
@@ -271,11 +278,8 @@ class CPUEngine:
             self._restart_interval()  # the load is not decode time (the runtime times it)
 
     def load_weights_from_gps(self, manifest: object, version: int) -> None:
-        """Load a leased GPS `FileManifest` (its node buffer mapped, tensors read as views): one
-        copy, from the GPS pages into the parameters."""
-        from pivotrl.engines.weight_sync import iter_manifest_tensors
-
-        self.load_weights(dict(iter_manifest_tensors(manifest.to_wire(), 0)), version)
+        """`load_weights` of a leased GPS `FileManifest`."""
+        self.load_weights(manifest, version)  # type: ignore[arg-type]
 
     def release_memory(self, level: int = 2) -> None:
         """Drop the KV cache; level 2 also drops the model (re-read from the folder on
@@ -309,11 +313,7 @@ class CPUEngine:
             self._released = False
             if state_dict is not None:  # a state dict, or a leased GPS FileManifest
                 t = time.perf_counter()
-                v = self.initial_version if version is None else version
-                if hasattr(state_dict, "to_wire"):
-                    self.load_weights_from_gps(state_dict, v)
-                else:
-                    self.load_weights(state_dict, v)
+                self.load_weights(state_dict, self.initial_version if version is None else version)
                 times["load_s"] = time.perf_counter() - t
             return times
 

@@ -19,19 +19,43 @@ Owns the two public halves and the tensor iterator they share:
   file (the single-process `shm` transport) or not a whole copy, it falls back to a GPS read into
   fresh tensors and `load_weights`. Returns the timing as a measured event (seconds, bytes, GB/s,
   which path), never a timeout: a slow load is recorded, not fatal.
+- `GPSWeights` / `opened(weights)`: what the driver hands a device instead of a state dict (the
+  store handle, the model, the GPS version, the policy version it carries): the device opens it
+  itself, in its own process, for its own node (`GlobalParameterStore.local_node`): a leased file
+  manifest both engines load from, or a GPS read where there is none. The driver never holds the
+  weights.
 - `iter_manifest_tensors(wire, bucket_bytes, device_type)`: (name, tensor view) of a manifest in
   its plain-data form (what `collective_rpc` carries), used by both engines.
+
+Fused MoE experts (transformers 5 keeps `mlp.experts.gate_up_proj` of shape (E, 2I, H) in memory;
+GPS keeps one tensor per expert, `gps.state_dict`): an FSDP2 rank holds whole experts (dim 0), so
+it writes each of its experts' per-expert tensors whole (`gps.state_dict.rows_in_store`).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["publish_shards", "load_from_gps", "iter_manifest_tensors", "fsdp_row_range"]
+__all__ = ["GPSWeights", "publish_shards", "load_from_gps", "opened", "iter_manifest_tensors", "fsdp_row_range"]
+
+
+@dataclass(frozen=True)
+class GPSWeights:
+    """Weights a device reads from GPS itself: `model` at GPS version `gps_version`, loaded as
+    `version` (the policy's version; it differs from the GPS one after a resume). Picklable: the
+    store travels as its handle (a `make_ray_store` store: version table and node buffers live in
+    their own actors)."""
+
+    store: Any
+    model: str
+    gps_version: int
+    version: int
 
 
 def fsdp_row_range(rows: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -53,6 +77,21 @@ def _local_rows(p: torch.Tensor, rows: int, world_size: int, rank: int) -> tuple
     return a, local.detach()
 
 
+def rows_in_store(name: str, p: torch.Tensor, spec: Any, world: int, rank: int) -> list[tuple[str, int, torch.Tensor]]:
+    """(stored name, first row, rows) that rank `rank`'s shard of parameter `name` fills in GPS:
+    its own rows of a stored tensor; each whole per-expert tensor of the experts it holds, for a
+    fused MoE expert parameter; nothing for a tensor GPS does not store (a tied `lm_head`)."""
+    from pivotrl.gps.state_dict import is_fused_experts, split_fused_experts
+
+    if name in spec:
+        start, local = _local_rows(p, spec[name].shape[0], world, rank)
+        return [(name, start, local)]
+    if not is_fused_experts(name):
+        return []  # not stored
+    start, local = _local_rows(p, p.shape[0], world, rank)
+    return [(n, 0, t) for n, t in split_fused_experts({name: local}, first_expert=start).items() if n in spec]
+
+
 def publish_shards(worker: Any, store: Any, model: str) -> int:
     """Write `worker`'s policy as a new version of GPS model `model` from every rank's own shard
     (module docstring). Collective: call on every trainer rank. Parameters GPS does not store (a
@@ -69,10 +108,9 @@ def publish_shards(worker: Any, store: Any, model: str) -> int:
         spec = store.spec(model)
         with torch.no_grad():
             for name, p in worker.model.named_parameters():
-                if name not in spec:
-                    continue
-                start, local = _local_rows(p, spec[name].shape[0], world, worker_rank)
-                rows[name] = store.write_rows(w, name, start, local) if local.shape[0] else 0
+                for sname, start, local in rows_in_store(name, p, spec, world, worker_rank):
+                    n = store.write_rows(w, sname, start, local) if local.shape[0] else 0
+                    rows[sname] = rows.get(sname, 0) + n
     except Exception as e:  # noqa: BLE001 - every rank must reach the gather below
         err = f"rank {worker_rank}: {type(e).__name__}: {e}"
     parts: list[Any] = [None] * world
@@ -149,29 +187,48 @@ def iter_manifest_tensors(wire: Mapping[str, Any], bucket_bytes: int,
             pos += n
 
 
-def load_from_gps(engine: Any, store: Any, model: str, node: int, version: int | None = None,
+@contextlib.contextmanager
+def open_gps(store: Any, model: str, node: int | None, version: int | None = None) -> Iterator[dict[str, Any]]:
+    """One leased GPS version (default: current) of `model` as an engine loads it, for a process
+    on GPS node `node`: `{"weights", "version", "bytes", "path"}`, `weights` being that node's
+    buffer as a `FileManifest` (path `file`: the engine maps it, no copy here), or, where there is
+    none (a sharded placement, a single-process transport, a process on no GPS node: `node`
+    None), a state dict read from GPS (path `read`). The lease ends on exit."""
+    man = store.file_manifest(model, node, version) if node is not None else None
+    if man is not None:
+        with man:
+            yield {"weights": man, "version": man.version, "bytes": man.nbytes, "path": "file"}
+        return
+    from pivotrl.gps.layout import Layout
+    from pivotrl.gps.planner import Device
+
+    dev = Device(0 if node is None else node, 0)
+    with store.read(model, [dev], Layout(), version=version) as res:
+        sd = res.shards[dev]
+        yield {"weights": sd, "version": res.version, "bytes": sum(t.numel() * t.element_size() for t in sd.values()),
+               "path": "read"}
+
+
+@contextlib.contextmanager
+def opened(weights: Any) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """(what an engine's `load_weights` takes, the load's facts) for `weights`: a `GPSWeights`
+    opened on this process's own GPS node (`open_gps`), or a state dict (or None) as it is."""
+    if not isinstance(weights, GPSWeights):
+        yield weights, {}
+        return
+    with open_gps(weights.store, weights.model, weights.store.local_node(), weights.gps_version) as o:
+        yield o["weights"], {"gps_version": o["version"], "bytes": o["bytes"], "path": o["path"]}
+
+
+def load_from_gps(engine: Any, store: Any, model: str, node: int | None, version: int | None = None,
                   engine_version: int | None = None) -> dict[str, float | str]:
     """Load GPS version `version` (default: current) of `model` from node `node`'s copy into
-    `engine`, tagged `engine_version` (default: the GPS version; the runtime passes the policy
-    version). Returns `{"version", "seconds", "bytes", "gb_per_s", "path"}` where path is `file`
-    (the engine mapped the node buffer) or `read` (fallback through a GPS read)."""
+    `engine` (`open_gps`), tagged `engine_version` (default: the GPS version; the runtime passes
+    the policy version). Returns the load as a measured event, `{"version", "seconds", "bytes",
+    "gb_per_s", "path"}`: a slow load is recorded, never a timeout."""
     t0 = time.perf_counter()
-    man = store.file_manifest(model, node, version)
-    if man is not None and hasattr(engine, "load_weights_from_gps"):
-        with man:
-            engine.load_weights_from_gps(man, man.version if engine_version is None else engine_version)
-            v, nbytes, path = man.version, man.nbytes, "file"
-    else:
-        if man is not None:
-            man.release()
-        from pivotrl.gps.layout import Layout
-        from pivotrl.gps.planner import Device
-
-        dev = Device(node, 0)
-        with store.read(model, [dev], Layout(), version=version) as res:
-            sd = res.shards[dev]
-            engine.load_weights(sd, res.version if engine_version is None else engine_version)
-            v, nbytes, path = res.version, sum(t.numel() * t.element_size() for t in sd.values()), "read"
+    with open_gps(store, model, node, version) as o:
+        engine.load_weights(o["weights"], o["version"] if engine_version is None else engine_version)
     secs = time.perf_counter() - t0
-    return {"version": float(v), "seconds": secs, "bytes": float(nbytes),
-            "gb_per_s": nbytes / 1e9 / secs if secs > 0 else float("inf"), "path": path}
+    return {"version": float(o["version"]), "seconds": secs, "bytes": float(o["bytes"]),
+            "gb_per_s": o["bytes"] / 1e9 / secs if secs > 0 else float("inf"), "path": o["path"]}

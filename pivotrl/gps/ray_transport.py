@@ -76,12 +76,21 @@ class RayTransport(Transport):
         self._local: int | None | str = "unset"
 
     @classmethod
-    def create(cls, config: GPSConfig, num_nodes: int) -> "RayTransport":
+    def create(cls, config: GPSConfig, num_nodes: int, ray_node_ids: list[str] | None = None) -> "RayTransport":
+        """One NodeStore per GPS node: on the Ray node `ray_node_ids[i]` when given (the runtime
+        passes the node of each device group), else on the node carrying
+        `config.ray_node_resource` for `i`, else on the `i`-th alive Ray node."""
         if not ray.is_initialized():
             raise RuntimeError("gps.transport='ray' needs ray.init() (or a Ray cluster) first")
         remote_cls = ray.remote(num_cpus=0)(NodeStore)
         actors = []
-        if config.ray_node_resource:
+        if ray_node_ids is not None:
+            if len(ray_node_ids) != num_nodes:
+                raise ValueError(f"num_nodes={num_nodes} but {len(ray_node_ids)} Ray node ids were given")
+            for i, node_id in enumerate(ray_node_ids):
+                strat = NodeAffinitySchedulingStrategy(node_id, soft=False)
+                actors.append(remote_cls.options(scheduling_strategy=strat).remote(i, config.shm_dir))
+        elif config.ray_node_resource:
             for i in range(num_nodes):
                 res = {config.ray_node_resource.format(i): 0.001}
                 actors.append(remote_cls.options(resources=res).remote(i, config.shm_dir))
@@ -163,10 +172,11 @@ class RemoteTable:
         return lambda *a, **kw: ray.get(method.remote(*a, **kw))
 
 
-def make_ray_store(config: GPSConfig, num_nodes: int) -> GlobalParameterStore:
+def make_ray_store(config: GPSConfig, num_nodes: int, ray_node_ids: list[str] | None = None) -> GlobalParameterStore:
     """A store whose metadata lives in one actor and whose bytes live in per-node actors; the
-    returned object pickles into device actors, which then read/write from their own process."""
-    transport = RayTransport.create(config, num_nodes)
+    returned object pickles into device actors, which then read/write from their own process.
+    `ray_node_ids`: the Ray node of each GPS node (`RayTransport.create`)."""
+    transport = RayTransport.create(config, num_nodes, ray_node_ids)
     table_actor = ray.remote(num_cpus=0)(VersionTable).remote(
         num_nodes, budget_bytes(config), config.write_headroom_versions, config.alignment_bytes)
     return GlobalParameterStore(config, num_nodes, transport=transport, table=RemoteTable(table_actor))

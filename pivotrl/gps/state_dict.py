@@ -29,8 +29,15 @@ _FUSED = re.compile(r"^(?P<p>.*\.mlp\.experts)\.(?P<w>gate_up_proj|down_proj)$")
 _PER_EXPERT = re.compile(r"^(?P<p>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<w>gate_proj|up_proj|down_proj)\.weight$")
 
 
-def split_fused_experts(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Fused expert parameters -> per-expert checkpoint tensors (views); other names unchanged."""
+def is_fused_experts(name: str) -> bool:
+    """Whether `name` is a transformers 5 fused expert parameter (`...mlp.experts.gate_up_proj`
+    or `...mlp.experts.down_proj`)."""
+    return _FUSED.match(name) is not None
+
+
+def split_fused_experts(state_dict: Mapping[str, torch.Tensor], first_expert: int = 0) -> dict[str, torch.Tensor]:
+    """Fused expert parameters -> per-expert checkpoint tensors (views); other names unchanged.
+    `first_expert`: the global index of row 0 (an FSDP2 rank's shard starts at its first expert)."""
     out: dict[str, torch.Tensor] = {}
     for name, t in state_dict.items():
         m = _FUSED.match(name)
@@ -41,11 +48,11 @@ def split_fused_experts(state_dict: Mapping[str, torch.Tensor]) -> dict[str, tor
         if m["w"] == "gate_up_proj":
             inter = t.shape[1] // 2
             for e in range(t.shape[0]):
-                out[f"{p}.{e}.gate_proj.weight"] = t[e, :inter]
-                out[f"{p}.{e}.up_proj.weight"] = t[e, inter:]
+                out[f"{p}.{first_expert + e}.gate_proj.weight"] = t[e, :inter]
+                out[f"{p}.{first_expert + e}.up_proj.weight"] = t[e, inter:]
         else:
             for e in range(t.shape[0]):
-                out[f"{p}.{e}.down_proj.weight"] = t[e]
+                out[f"{p}.{first_expert + e}.down_proj.weight"] = t[e]
     return out
 
 

@@ -142,6 +142,11 @@ class GlobalParameterStore:
     def placement(self, model: str) -> Placement:
         return self._model(model)[1]
 
+    def local_node(self) -> int | None:
+        """The GPS node this process runs on, whose copy it reads without a transfer (None: this
+        process is on no GPS node; a read then fetches from a holder)."""
+        return self.transport.local_node
+
     def current_version(self, model: str) -> int:
         return self.table.current(model)
 

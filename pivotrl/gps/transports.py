@@ -112,6 +112,12 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def local_view(self, ref: BufferRef) -> torch.Tensor | None: ...
 
+    @property
+    def local_node(self) -> int | None:
+        """The GPS node whose buffers this process reaches directly (None: none of them). A
+        single-process transport holds every node's buffers here, so node 0 is as near as any."""
+        return 0
+
     def copy_local(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Copy each (source, destination) pair of same-shape tensors, both reachable from this
         process; a transport with its own engine (NIXL) batches them."""

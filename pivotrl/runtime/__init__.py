@@ -11,7 +11,9 @@ Files (bottom-up):
 - `roles.py`: each role's context in four categories (temporary, parameters, offloadable,
   preserved) and the timed `shift_down` / `shift_up` halves; a replica of several devices is
   hosted by its first device (`EnginePlacement`), the others are members (`MemberHost`).
-- `params.py`: `ParamSource`, the GPS-backed parameters a shifted-up replica reads.
+- `params.py`: `ParamSource`, the GPS (a Ray store on the cluster's nodes) holding the policy and
+  the frozen GenRM: trainer ranks write their shards into it, each device reads its own node's
+  copy itself; the driver only names versions.
 - `executor.py`: scheduler moves and shift plans carried out on the actors; respawn and re-host
   of dead actors (each death recorded once), crash-loop flags, the trainer rebuilt from a
   checkpoint when a rank's state died; measured shift times for the controller. `outcomes.py`:

@@ -179,6 +179,17 @@ class Cluster:
             opts["resources"] = {self.resource: 1}
         return opts
 
+    def ray_node_ids(self) -> list[str]:
+        """The Ray node each node group (placement group) was placed on, in group order: where
+        that group's GPS copy lives (several groups may share one Ray node)."""
+        from ray.util.placement_group import placement_group_table
+
+        out = []
+        for pg in self.placement_groups:
+            nodes = placement_group_table(pg)["bundles_to_node_id"]
+            out.append(str(nodes[0]))
+        return out
+
     def _check(self, device: int) -> None:
         if not 0 <= device < self.spec.num_devices:
             raise ValueError(f"device {device} is outside the cluster's devices [0, {self.spec.num_devices})")

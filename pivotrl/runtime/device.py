@@ -36,7 +36,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 from pivotrl.core.types import Role
 from pivotrl.runtime.roles import (EnginePlacement, InferenceHost, RoleHost, RoleSpec, ShiftTiming, TrainHost,
@@ -125,9 +125,10 @@ class DeviceWorker:
         return self.device
 
     # ------------------------------------------------------------------ role shifts
-    def shift_up(self, spec: RoleSpec, state_dict: Mapping[str, Any] | None = None,
-                 version: int = 0) -> ShiftTiming:
-        """Make `spec.role` the active role (reusing its preserved context if this device held it)."""
+    def shift_up(self, spec: RoleSpec, weights: Any = None, version: int = 0) -> ShiftTiming:
+        """Make `spec.role` the active role (reusing its preserved context if this device held
+        it); `weights`: a `weight_sync.GPSWeights` this actor reads from GPS itself, a state dict,
+        or None."""
         with self._step_lock:
             if self.active is not None:
                 raise RuntimeError(f"device {self.device}: shift_up({spec.role.value}) while "
@@ -141,7 +142,7 @@ class DeviceWorker:
                         host.close()
                     host = self.hosts[spec.role] = make_host(spec)
             with placed(spec.placement):
-                timing = host.shift_up(state_dict, version)
+                timing = host.shift_up(weights, version)
             with self._cv:
                 self.active = host
                 self._reported.clear()
@@ -213,17 +214,24 @@ class DeviceWorker:
                     self._reported.pop(c.seq_id, None)
             return AbortResult(aborted=aborted, finished=done)
 
-    def load_weights(self, state_dict: Mapping[str, Any], version: int) -> float | None:
-        """Replace the active engine's weights in place; returns the seconds the load held the
-        engine (timed inside the step lock: the time decoding stood still for it, without the
-        wait for the iteration in progress to end), or None when no engine is active (a publish
-        that raced a shift down: the next shift up reads GPS anyway)."""
+    def load_weights(self, weights: Any, version: int) -> dict[str, Any] | None:
+        """Replace the active engine's weights in place with `weights` (a `weight_sync.GPSWeights`
+        this actor reads from its own GPS node, or a state dict), tagged `version`. Returns the
+        load as a measured event, `{"seconds", "bytes", "path", "gps_version"}` (seconds timed
+        inside the step lock: the time decoding stood still for it, without the wait for the
+        iteration in progress), or None when no engine is active (a publish that raced a shift
+        down: the next shift up reads GPS anyway). A failed load raises the engine's
+        `EngineFailedError` with the engine shut down: the executor then replaces this actor, so
+        no half-loaded engine serves."""
+        from pivotrl.engines.weight_sync import opened
+
         with self._step_lock:
             if not isinstance(self.active, InferenceHost) or not self.active.active:
                 return None
             t0 = time.perf_counter()
-            self.active.engine.load_weights(state_dict, version)
-            return time.perf_counter() - t0
+            with opened(weights) as (w, facts):
+                self.active.engine.load_weights(w, version)
+            return {"seconds": time.perf_counter() - t0, **facts}
 
     def poll(self, timeout: float = 0.5) -> DevicePoll:
         """Wait up to `timeout` s for a completion; return completions, token deltas and stats."""
@@ -291,9 +299,14 @@ class DeviceWorker:
     def train_step(self, batch: Any) -> dict[str, float]:
         return self._trainer().step(batch)
 
-    def full_state_dict(self) -> dict[str, Any] | None:
-        """The full policy on rank 0 (None on other ranks). Collective."""
-        return self._trainer().full_state_dict()
+    def publish(self, store: Any, model: str) -> dict[str, float]:
+        """Write this rank's shard of the policy into GPS `model` of `store` (collective over the
+        ranks: `weight_sync.publish_shards`, no gather); `{"gps_version", "seconds"}`."""
+        from pivotrl.engines.weight_sync import publish_shards
+
+        t0 = time.perf_counter()
+        v = publish_shards(self._trainer(), store, model)
+        return {"gps_version": float(v), "seconds": time.perf_counter() - t0}
 
     def trainer_state(self) -> dict[str, Any]:
         return self._trainer().state()

@@ -2,8 +2,9 @@
 
 Owns what happens on real devices between the controller's decisions: polling the inference
 devices for progress and completions, carrying out moves, shifts (driver threads), training steps
-(a driver thread) and weight publishes through the executor, device deaths, and the run's own
-figures (`RealStats`). The truth about every sequence is the `SequenceLedger`; building requests,
+(a driver thread) and weight publishes through the executor (the trainer's ranks write GPS,
+each rollout device reads its node's copy: the weights never pass through the driver), device
+deaths, and the run's own figures (`RealStats`). The truth about every sequence is the `SequenceLedger`; building requests,
 judge prompts, rewards and batches is `Samples`'; the devices themselves are the `Launch`'s.
 
 Decisions:
@@ -261,10 +262,14 @@ class DeviceDriver:
             for d in act.devices:
                 point("train", d, self.ex.handle(d)[0])
             metrics = self.ex.train_call(act.devices, "train_step", ref)[0]
-            full = self.ex.train_call(act.devices, "full_state_dict")[0]
             secs = time.perf_counter() - t0
-            self.ex.params.publish("policy", full)
+            pub = self.ex.train_call(act.devices, "publish", self.ex.params.store, "policy")[0]
             version = int(metrics["version"])
+            published = self.ex.params.policy_version("policy", int(pub["gps_version"]))
+            if published != version:
+                raise RuntimeError(f"batch {act.batch}: the trainer is at policy version {version} but its "
+                                   f"publish made GPS hold version {published}")
+            self.record_event("weight_publish", version=version, seconds=float(pub["seconds"]))
             if version % self.cfg.train.checkpoint_every == 0:
                 from pivotrl.engines.trainer_checkpoint import checkpoint_dir
 

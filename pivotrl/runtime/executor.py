@@ -56,9 +56,18 @@ log = logging.getLogger(__name__)
 
 
 def _dead(exc: BaseException) -> bool:
+    """The actor is gone (its process died, or Ray lost it)."""
     import ray
 
     return isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError))
+
+
+def _failed(exc: BaseException) -> bool:
+    """The actor is dead, or its engine failed a wake or a load and shut itself down
+    (`EngineFailedError`): either way the device must be replaced, never left serving."""
+    from pivotrl.engines.errors import EngineFailedError
+
+    return _dead(exc) or isinstance(exc, EngineFailedError) or isinstance(getattr(exc, "cause", None), EngineFailedError)
 
 
 class Executor:
@@ -197,7 +206,7 @@ class Executor:
         try:
             ray.get(call(actor))
         except Exception as e:
-            if not _dead(e):
+            if not _failed(e):
                 raise
             self.respawn(device, f"re-host: {type(e).__name__}", gen, slot=slot)
             return False
@@ -252,9 +261,12 @@ class Executor:
 
     # ------------------------------------------------------------------ shifts
     def _params_for(self, slot: Slot) -> tuple[Any, int]:
+        """(what the device reads, the version) for shifting `slot` up: a `GPSWeights` naming the
+        current version (the device reads its own node's copy; a frozen GenRM that kept its
+        weights reads nothing); training reads nothing."""
         if slot.role == Role.TRAIN:
             return None, 0
-        return self.params.read(self.model_of[slot.role])
+        return self.params.weights(self.model_of[slot.role])
 
     def _ups(self, s: Slot, only: int | None = None) -> dict[int, Callable[[Any], Any]]:
         """device -> the shift up call (on a given actor) of each device of slot `s` (or of device
@@ -268,7 +280,7 @@ class Executor:
             ref, version = (None, 0) if spec.leader is not None else self._params_for(s)
             if i == 0 and s.tp > 1 and s.role in INFERENCE_ROLES:
                 spec = replace(spec, placement=self._placement(s))
-            out[d] = lambda actor, spec=spec, ref=ref, version=version: actor.shift_up.remote(spec, ref, version)
+            out[d] = lambda actor, spec=spec, w=ref, version=version: actor.shift_up.remote(spec, w, version)
         return out
 
     def _placement(self, s: Slot) -> EnginePlacement:
@@ -323,7 +335,7 @@ class Executor:
             try:
                 out[d] = ray.get(ref)
             except Exception as e:
-                if not _dead(e):
+                if not _failed(e):
                     raise
                 self.respawn(d, f"{what}: {type(e).__name__}", h[d][1])
                 res.dead.add(d)
@@ -395,36 +407,36 @@ class Executor:
         return res
 
     # ------------------------------------------------------------------ weights
-    def publish_to_rollout(self, ref: Any, version: int) -> dict[int, tuple[Any, int]]:
-        """Load policy `version` into every active rollout replica: device -> (async ref of the
-        device's `load_weights`: the seconds its engine spent loading, the generation of the actor
-        called). A dead device is respawned (its replacement reads the new version from GPS on
-        re-host)."""
-        h = self.handles(d for d, r in self.serving().items() if r == Role.ROLLOUT)
-        return {d: (actor.load_weights.remote(ref, version), gen) for d, (actor, gen) in h.items()}
-
-    def publish_policy(self, timeout_s: float = 120.0) -> tuple[int, list[dict[str, float]]]:
+    def publish_policy(self) -> tuple[int, list[dict[str, Any]]]:
         """Load GPS's current policy into every rollout replica and wait until each holds it: the
         device actors are threaded, so a `submit` sent right after an unawaited load could be
-        admitted first, under the old weights, and be staler than the controller assumes. Returns
-        (version, [{"device": d, "seconds": s}]), `s` the time device `d`'s engine spent loading
-        (its decode stalls that long); a dead device is respawned and skipped (`take_deaths`)."""
+        admitted first, under the old weights, and be staler than the controller assumes. Each
+        device reads its own node's GPS copy itself (`GPSWeights`); the driver sends only the
+        version. Returns (version, one measured load per device: `{"device", "seconds", "bytes",
+        "path", "gps_version"}`, `seconds` the time its decoding stood still). No timeout: a slow
+        load is a measured event. A device that died, or whose engine failed the load (it shut
+        itself down), is respawned and skipped: its sequences go back to the queue when the
+        runtime takes that death (`take_deaths`)."""
         import ray
 
-        ref, version = self.params.read("policy")
-        per: list[dict[str, float]] = []
-        for d, r in self.serving().items():
-            if r == Role.ROLLOUT:
-                point("publish", d, self.handle(d)[0])
-        for d, (r, gen) in self.publish_to_rollout(ref, version).items():
+        weights, version = self.params.weights("policy")
+        h = self.handles(d for d, r in self.serving().items() if r == Role.ROLLOUT)
+        for d, (actor, _) in h.items():
+            point("publish", d, actor)
+        refs = {d: (actor.load_weights.remote(weights, version), gen) for d, (actor, gen) in h.items()}
+        per: list[dict[str, Any]] = []
+        for d, (r, gen) in refs.items():
             try:
-                secs = ray.get(r, timeout=timeout_s)
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
-                log.warning("publish of policy version %d hit a dead device: %s", version, type(e).__name__)
+                ev = ray.get(r)
+            except Exception as e:
+                if not _failed(e):
+                    raise
+                log.warning("publish of policy version %d: device %d %s", version, d,
+                            "died" if _dead(e) else f"failed the load ({e})")
                 self.respawn(d, f"publish: {type(e).__name__}", gen)
                 continue
-            if secs is not None:
-                per.append({"device": int(d), "seconds": float(secs)})
+            if ev is not None:
+                per.append({"device": int(d), **ev})
         return version, per
 
     # ------------------------------------------------------------------ training (collective)

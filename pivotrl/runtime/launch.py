@@ -1,5 +1,6 @@
 """The devices of a real run: the Ray cluster, the device actors (through the executor), the GPS
-holding the policy and the frozen GenRM, the checkpoint a resume starts from, and teardown.
+holding the policy and the frozen GenRM (a Ray store on the cluster's nodes: `params.py`), the
+checkpoint a resume starts from, and teardown.
 
 `cluster=local` and `cluster=ray` differ only here, in how the cluster starts (`cluster.py`: a
 private Ray instance with virtual devices, or a running cluster's GPUs) and in the accelerator
@@ -37,17 +38,18 @@ class Launch:
         self.resume_version = 0
 
     def start(self) -> None:
-        """GPS first (a resume restores the policy there), then the cluster and its devices."""
+        """The cluster, then GPS on its nodes (a resume restores the policy there), then the
+        devices."""
         from pivotrl.runtime.cluster import ClusterSpec, start_cluster
         from pivotrl.runtime.executor import Executor
         from pivotrl.runtime.params import ParamSource
 
-        self.params = ParamSource.create(self.cfg.cluster.gps)
+        self.cluster = start_cluster(ClusterSpec.from_config(self.cfg.cluster, self.r.num_devices))
+        self.params = ParamSource.create(self.cfg.cluster.gps, self.cluster.ray_node_ids())
         self.params.register_hf("policy", str(self.policy_path), frozen=False)
         self.params.register_hf("genrm", str(self.genrm_path), frozen=True)
         if bool(self.cfg.train.resume):
             self._find_checkpoint()
-        self.cluster = start_cluster(ClusterSpec.from_config(self.cfg.cluster, self.r.num_devices))
         cl = self.cfg.cluster
         self.executor = Executor(self.cluster, self.role_spec, self.params, {Role.ROLLOUT: "policy", Role.REWARD: "genrm"},
                                  max_respawns=int(cl.max_respawns), respawn_window_s=float(cl.respawn_window_s),
@@ -112,14 +114,17 @@ class Launch:
                         leader=slot.first_device if index > 0 else None)
 
     def close(self) -> None:
+        """Devices, then GPS (its actors live in the cluster's Ray), then the cluster."""
         try:
             if self.executor is not None:
                 self.executor.close()
         finally:
             try:
-                if self.cluster is not None:
-                    self.cluster.shutdown()
-            finally:
                 if self.params is not None:
                     self.params.close()
-                self._pg_file.unlink(missing_ok=True)
+            finally:
+                try:
+                    if self.cluster is not None:
+                        self.cluster.shutdown()
+                finally:
+                    self._pg_file.unlink(missing_ok=True)

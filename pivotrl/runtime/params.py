@@ -1,31 +1,42 @@
-"""Where shifted-up replicas read parameters from: `ParamSource`, backed by the GPS
-(`pivotrl.gps.GlobalParameterStore`: the policy at its current version, the GenRM frozen). The
-driver reads a full-replica layout and ships it to the device through Ray's object store (one
-`put` per version, shared by every device that reads it); the trainer publishes into it.
+"""The policy and the frozen GenRM in GPS, for the real runtimes: `ParamSource`.
+
+The store is a Ray one (`gps.ray_transport.make_ray_store`): its version table lives in an actor
+and each node's buffers in that node's `NodeStore`, on the Ray node of that node's devices
+(`Cluster.ray_node_ids`). The driver only orchestrates:
+- the trainer's ranks write their own shards into it (`DeviceWorker.publish`, no gather);
+- every device reads its own node's copy itself (`weights(model)` names what to read: a
+  `weight_sync.GPSWeights`, the store's handle plus the versions), never through the driver.
+The driver writes only at start: the two Hugging Face folders (version 0) and, on a resume, the
+checkpoint's policy. Policy versions and GPS versions differ after a resume (GPS restarts at 0,
+the policy continues from its checkpoint's version): `offset` converts.
 """
 from __future__ import annotations
 
-import threading
 from typing import Any, Mapping
+
+#: `cluster.gps.transport` values whose store device actors can read from their own processes.
+MULTI_PROCESS_TRANSPORTS = ("ray",)
 
 
 class ParamSource:
-    """Versioned parameters for shift up, backed by the GPS (one driver-side store)."""
+    """Versioned parameters in GPS, shared by the driver and every device actor."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
-        # policy version = GPS version + offset (non-zero only after a resume, where GPS restarts
-        # at 0 but the policy continues from its checkpoint's version)
         self.offset: dict[str, int] = {}
-        self._refs: dict[tuple[str, int], Any] = {}
-        self._lock = threading.Lock()
+        """policy version = GPS version + offset (non-zero only after a resume)."""
 
     @classmethod
-    def create(cls, gps_cfg: Any = None, num_nodes: int = 1) -> "ParamSource":
-        from pivotrl.config.gps import GPSConfig
-        from pivotrl.gps.store import GlobalParameterStore
+    def create(cls, gps_cfg: Any, ray_node_ids: list[str]) -> "ParamSource":
+        """A Ray store with one GPS node per entry of `ray_node_ids` (the Ray node of each group of
+        devices). Needs Ray started; `cluster.gps.transport` must be a multi-process transport."""
+        from pivotrl.gps.ray_transport import make_ray_store
 
-        return cls(GlobalParameterStore(gps_cfg or GPSConfig(), num_nodes=num_nodes))
+        if gps_cfg.transport not in MULTI_PROCESS_TRANSPORTS:
+            raise ValueError(f"cluster.gps.transport={gps_cfg.transport!r}: the devices of cluster=local and "
+                             f"cluster=ray read GPS from their own processes, so GPS must be shared across them; "
+                             f"allowed: {', '.join(MULTI_PROCESS_TRANSPORTS)}")
+        return cls(make_ray_store(gps_cfg, len(ray_node_ids), list(ray_node_ids)))
 
     def register_hf(self, model: str, path: str, frozen: bool) -> int:
         """Register `model` from a Hugging Face folder as version 0 (GPS's own importer)."""
@@ -33,50 +44,30 @@ class ParamSource:
 
         return int(import_hf(self.store, model, path, frozen=frozen))
 
-    def publish(self, model: str, state_dict: Mapping[str, Any]) -> int:
-        """Write a new version of `model` (atomic for readers); returns it. The trainer's names and
-        dtypes become the store's (`gps.state_dict.to_store`: fused MoE experts split, a tied
-        `lm_head` dropped, each tensor cast to the checkpoint's dtype: an fp32 trainer publishes
-        into a bf16 store)."""
-        from pivotrl.gps.state_dict import to_store
-
-        v = int(self.store.load_state_dict(model, to_store(state_dict, self.store.spec(model))))
-        return v + self.offset.get(model, 0)
-
     def restore(self, model: str, state_dict: Mapping[str, Any], version: int) -> None:
-        """Publish a checkpoint's weights as policy `version` (resume)."""
+        """Publish a checkpoint's weights as policy `version` (resume). The trainer's names and
+        dtypes become the store's (`gps.state_dict.to_store`)."""
         from pivotrl.gps.state_dict import to_store
 
         gps_v = int(self.store.load_state_dict(model, to_store(state_dict, self.store.spec(model))))
         self.offset[model] = int(version) - gps_v
 
-    def _gps_version(self, model: str) -> int:
-        return int(self.store.current_version(model))
+    def policy_version(self, model: str, gps_version: int) -> int:
+        """The policy version GPS version `gps_version` of `model` holds."""
+        return int(gps_version) + self.offset.get(model, 0)
 
     def version(self, model: str) -> int:
-        return self._gps_version(model) + self.offset.get(model, 0)
+        """The policy version of `model`'s current GPS version."""
+        return self.policy_version(model, int(self.store.current_version(model)))
 
-    def read(self, model: str) -> tuple[Any, int]:
-        """(Ray object ref of the full state dict, version): one consistent GPS version."""
-        import ray
+    def weights(self, model: str) -> tuple[Any, int]:
+        """(what a device reads for `model` now, the policy version it holds): a
+        `weight_sync.GPSWeights` at GPS's current version, read by the device itself."""
+        from pivotrl.engines.weight_sync import GPSWeights
 
-        from pivotrl.gps.layout import Layout
-        from pivotrl.gps.planner import Device
-
-        with self._lock:
-            gv = self._gps_version(model)
-            v = gv + self.offset.get(model, 0)
-            ref = self._refs.get((model, v))
-            if ref is None:
-                dev = Device(0, 0)
-                res = self.store.read(model, [dev], Layout(), version=gv)
-                ref = ray.put({k: t.clone() for k, t in res.shards[dev].items()})
-                res.release()
-                # keep only the newest version of each model pinned in the object store
-                self._refs = {k: r for k, r in self._refs.items() if k[0] != model}
-                self._refs[(model, v)] = ref
-            return ref, v
+        gv = int(self.store.current_version(model))
+        v = self.policy_version(model, gv)
+        return GPSWeights(self.store, model, gv, v), v
 
     def close(self) -> None:
-        self._refs.clear()
         self.store.close()

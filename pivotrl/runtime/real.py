@@ -61,18 +61,18 @@ def check_kv_capacity(cfg: Any) -> None:
 
 def val_accuracy(cfg: Any, r: Any, assets: Any, tok: Any, val: list, params: Any, gps_model: str | None) -> dict:
     """Held-out accuracy of the start policy (None) or of GPS's current `gps_model`, on a CPU
-    engine in the driver (`runtime.evaluation`)."""
-    import ray
-
+    engine in the driver (`runtime.evaluation`; it reads GPS like a device does: `GPSWeights`)."""
     from pivotrl.config.engine import EngineConfig
     from pivotrl.engines.registry import create_engine
+    from pivotrl.engines.weight_sync import opened
     from pivotrl.runtime.evaluation import evaluate
 
     eng = create_engine(assets.policy_path, EngineConfig(name="cpu", num_threads=1))
     try:
         if gps_model is not None:
-            ref, version = params.read(gps_model)
-            eng.load_weights(ray.get(ref), version)
+            weights, version = params.weights(gps_model)
+            with opened(weights) as (w, _):
+                eng.load_weights(w, version)
         d = cfg.data
         return evaluate(eng, tok, val, temperature=cfg.algo.rollout_temperature, samples=d.val_samples,
                         seed=int(cfg.seed), max_prompt_len=d.max_prompt_length, max_tokens=r.max_response,

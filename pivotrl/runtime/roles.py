@@ -16,13 +16,14 @@ halves of a shift on one device, each timed:
   aborted here and its tokens are returned, never dropped), discards parameters (engine
   `release_memory`), and offloads the offloadable part to host memory (trainer `offload`, which
   then empties the CUDA allocator's cache so the engine waking next sees the memory free).
-- `shift_up` reads parameters at the current version (from the `ParameterSource` the executor
-  hands in: the GPS, or the published state dict) and reloads what was offloaded. The first
-  shift up of a role on a device builds its preserved context (cold start, also timed).
+- `shift_up` reads parameters at the version the executor names (`weight_sync.GPSWeights`: the
+  device reads GPS itself, its own node's copy, so the weights never pass through the driver; a
+  plain state dict also works) and reloads what was offloaded. The first shift up of a role on a
+  device builds its preserved context (cold start, also timed).
 - Sleep levels (vLLM's): the policy's rollout engine sleeps at level 2 (weights discarded; the
   next shift up takes the new version from GPS), the frozen GenRM at level 1 (weights kept in host
-  memory and put back in place: its shift up reads nothing, and `needs_parameters()` says so, so
-  the executor can skip the GPS read). A wake or load that fails raises the engine's
+  memory and put back in place: its shift up reads nothing from GPS, as `needs_parameters()`
+  says). A wake or load that fails raises the engine's
   `EngineFailedError` (`pivotrl.engines.errors`) after the host dropped the engine: the device
   holds no serving engine and the next shift up builds a fresh one.
 
@@ -169,7 +170,8 @@ class RoleHost(ABC):
         return self.spec.role
 
     @abstractmethod
-    def shift_up(self, state_dict: Mapping[str, Any] | None, version: int) -> ShiftTiming: ...
+    def shift_up(self, weights: Any, version: int) -> ShiftTiming:
+        """Make the role active; `weights`: what to load (`InferenceHost.shift_up`)."""
 
     @abstractmethod
     def shift_down(self) -> ShiftTiming: ...
@@ -212,8 +214,11 @@ class InferenceHost(RoleHost):
         (frozen) weights through a level-1 release."""
         return not (self.engine is not None and self._weights_kept)
 
-    def shift_up(self, state_dict: Mapping[str, Any] | None, version: int) -> ShiftTiming:
+    def shift_up(self, weights: Any, version: int) -> ShiftTiming:
+        """`weights`: a `weight_sync.GPSWeights` (read here, from this device's GPS node), a
+        state dict, or None (the model folder's own weights)."""
         from pivotrl.engines.errors import EngineFailedError
+        from pivotrl.engines.weight_sync import opened
 
         t0 = time.perf_counter()
         cold = self.engine is None
@@ -221,13 +226,17 @@ class InferenceHost(RoleHost):
         try:
             if cold:
                 self.engine = build_engine(self.spec)
-                if state_dict is not None:
-                    self.engine.load_weights(state_dict, version)
+                if weights is not None:
+                    with opened(weights) as (w, facts):
+                        self.engine.load_weights(w, version)
+                    detail = _load_detail(facts)
             elif self._weights_kept:  # frozen weights were kept in host memory: nothing to read
                 detail = dict(self.engine.reacquire_memory(None) or {})
                 detail["weights_kept"] = 1.0
             else:
-                detail = dict(self.engine.reacquire_memory(state_dict, version) or {})
+                with opened(weights) as (w, facts):
+                    detail = dict(self.engine.reacquire_memory(w, version) or {})
+                detail.update(_load_detail(facts))
         except EngineFailedError:
             self._drop_engine()  # it shut itself down; the next shift up builds a fresh one
             raise
@@ -270,6 +279,14 @@ class InferenceHost(RoleHost):
         self.active = False
 
 
+def _load_detail(facts: Mapping[str, Any]) -> dict[str, float]:
+    """A GPS load's facts as shift-timing detail (numbers only): bytes read and whether the
+    engine mapped the node's file (1) or took a GPS read (0)."""
+    if not facts:
+        return {}
+    return {"gps_bytes": float(facts["bytes"]), "gps_file": float(facts["path"] == "file")}
+
+
 class TrainHost(RoleHost):
     """One FSDP2 rank of the trainer. Its process group is created on the first shift up and kept."""
 
@@ -301,8 +318,8 @@ class TrainHost(RoleHost):
         if self.spec.resume_from:
             self.worker.load_checkpoint(self.spec.resume_from)  # collective: every rank builds at once
 
-    def shift_up(self, state_dict: Mapping[str, Any] | None, version: int) -> ShiftTiming:
-        del state_dict  # training is the GPS writer: it reloads its own state, reads nothing
+    def shift_up(self, weights: Any, version: int) -> ShiftTiming:
+        del weights  # training is the GPS writer: it reloads its own state, reads nothing
         t0 = time.perf_counter()
         cold = self.worker is None
         detail: dict[str, float] = {}
@@ -342,7 +359,7 @@ class MemberHost(RoleHost):
 
     CONTEXT = ContextDecl(temporary=(), parameters=(), offloadable=(), preserved=())
 
-    def shift_up(self, state_dict: Mapping[str, Any] | None, version: int) -> ShiftTiming:
+    def shift_up(self, weights: Any, version: int) -> ShiftTiming:
         self.active = True
         return ShiftTiming(self.role.value, "up", 0.0, version=version, detail={"member_of": float(self.spec.leader)})
 

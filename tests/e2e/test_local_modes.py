@@ -98,8 +98,10 @@ def test_device_killed_before_shift_up_is_respawned_and_shifted(ray_session, tin
     from pivotrl.runtime.roles import RoleSpec
 
     ray = ray_session
+    from pivotrl.config.gps import GPSConfig
+
     cl = start_cluster(ClusterSpec(kind="local", num_devices=2, node_size=2))
-    params = ParamSource.create()
+    params = ParamSource.create(GPSConfig(transport="ray"), cl.ray_node_ids())
     params.register_hf("policy", str(tiny_assets["policy"]), frozen=False)
     eng = EngineConfig(name="cpu", num_threads=1, kv_capacity_tokens=4096)
     ex = Executor(cl, lambda slot, i: RoleSpec(slot.role, "policy", str(tiny_assets["policy"]), engine=eng),
@@ -115,7 +117,10 @@ def test_device_killed_before_shift_up_is_respawned_and_shifted(ray_session, tin
         down = ex.run_shift(ShiftPlan(Role.REWARD, down=up.up))
         assert down.error is None and down.seconds[0] > 0
         assert down.measured[Role.ROLLOUT] > 0, "a measured shift down reaches the controller's tau_shift"
+        ups = [t for t in res.timings if t["direction"] == "up"]
+        assert ups and all(t["gps_file"] == 1.0 and t["gps_bytes"] > 0 for t in ups), \
+            "each device read its node's GPS file itself"
     finally:
         ex.close()
-        cl.shutdown()
         params.close()
+        cl.shutdown()

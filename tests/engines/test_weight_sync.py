@@ -177,3 +177,42 @@ def test_manifest_tensors_are_views_of_the_file_and_buckets_respect_the_size(tmp
     assert torch.equal(got["a"], a) and torch.equal(got["b"], b) and got["b"].dtype == torch.bfloat16
     assert [[e[0] for e in bk] for bk in _buckets(wire["entries"], 50)] == [["a"], ["b"]]
     assert [[e[0] for e in bk] for bk in _buckets(wire["entries"], 100)] == [["a", "b"]]
+
+
+class _Shard0:
+    """What `rows_in_store` sees of an FSDP2 parameter: the global shape, `Shard(0)`, the local rows."""
+
+    def __init__(self, full: torch.Tensor, world: int, rank: int) -> None:
+        from torch.distributed.tensor import Shard
+
+        self.shape, self.placements = full.shape, (Shard(0),)
+        a, b = fsdp_row_range(full.shape[0], world, rank)
+        self._local = full[a:b]
+
+    def to_local(self) -> torch.Tensor:
+        return self._local
+
+
+def test_fused_moe_experts_are_written_as_whole_per_expert_tensors_by_the_rank_holding_them():
+    """transformers 5 fuses a layer's experts into (E, 2I, H) and (E, H, I); GPS stores one tensor
+    per expert. Each FSDP2 rank holds whole experts, so it writes each of them whole; over the ranks
+    every per-expert tensor is written once, equal to the split of the full parameter."""
+    from pivotrl.engines.weight_sync import rows_in_store
+    from pivotrl.gps.layout import TensorSpec
+    from pivotrl.gps.state_dict import split_fused_experts
+
+    E, I, H, world = 5, 3, 4, 2
+    gate_up = torch.randn(E, 2 * I, H)
+    down = torch.randn(E, H, I)
+    fused = {"model.layers.0.mlp.experts.gate_up_proj": gate_up, "model.layers.0.mlp.experts.down_proj": down}
+    want = split_fused_experts(fused)
+    spec = ModelSpec(tuple(TensorSpec(n, tuple(t.shape), "float32") for n, t in want.items()), num_layers=1, head_dim=4)
+    written: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    for rank in range(world):
+        for name, full in fused.items():
+            for sname, start, rows in rows_in_store(name, _Shard0(full, world, rank), spec, world, rank):
+                written.setdefault(sname, []).append((start, rows))
+    assert set(written) == set(want) and len(want) == 3 * E
+    for sname, parts in written.items():
+        assert len(parts) == 1 and parts[0][0] == 0 and torch.equal(parts[0][1], want[sname]), sname
+    assert rows_in_store("lm_head.weight", torch.zeros(2, 4), spec, 1, 0) == []  # not stored: skipped

@@ -138,3 +138,46 @@ def test_recovery_at_the_start_version_rebuilds_the_start_state(tmp_path):
     la = _launch(tmp_path)
     la.recover_training(0)  # version 0 of a fresh run is the base policy: no checkpoint needed
     assert la.resume_path is None
+
+
+def test_a_failed_weight_load_replaces_the_device_and_the_others_report_their_load(ex, monkeypatch):
+    """Publish: every serving rollout device reads the version the executor names (it never sends
+    weights); one whose engine fails the load (it shut itself down) is respawned like a death, so
+    its sequences go back to the queue and no half-loaded engine serves; a reward replica is not
+    touched; the others' loads come back as measured events."""
+    import ray
+
+    from pivotrl.engines.errors import EngineLoadError
+
+    calls = []
+
+    class Loader(StubActor):
+        class _Method:
+            def __init__(self, actor):
+                self.actor = actor
+
+            def remote(self, weights, version):
+                calls.append((self.actor.device, weights, version))
+                if self.actor.device == 1:
+                    def fail():
+                        raise EngineLoadError("load failed: bad tensor", phase="load")
+                    return fail
+                return lambda: {"seconds": 0.25, "bytes": 100, "path": "file", "gps_version": 2}
+
+        @property
+        def load_weights(self):
+            return Loader._Method(self)
+
+    monkeypatch.setattr(ray, "get", lambda ref, **k: ref())
+    for d in range(3):
+        ex.actors[d] = Loader(d, 0)
+    ex.params = SimpleNamespace(weights=lambda model: (("gps", model, 2), 7))
+    ex.hosted.update({0: Slot(Role.ROLLOUT, 0, 1), 1: Slot(Role.ROLLOUT, 1, 1), 2: Slot(Role.REWARD, 2, 1)})
+    ex.role_of.update({0: Role.ROLLOUT, 1: Role.ROLLOUT, 2: Role.REWARD})
+    version, per = ex.publish_policy()
+    assert version == 7 and sorted(c[0] for c in calls) == [0, 1]
+    assert all(c[1:] == (("gps", "policy", 2), 7) for c in calls), "the device reads the named version itself"
+    assert per == [{"device": 0, "seconds": 0.25, "bytes": 100, "path": "file", "gps_version": 2}]
+    (d,) = ex.take_deaths()
+    assert (d.device, d.role, d.slot) == (1, Role.ROLLOUT, Slot(Role.ROLLOUT, 1, 1)) and "publish" in d.why
+    assert not ex.reachable(1) and 1 not in ex.serving()

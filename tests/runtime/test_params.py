@@ -1,30 +1,70 @@
-"""`ParamSource`: the runtime's GPS handle. A trainer's fp32 state dict publishes into a bf16
-checkpoint's store (issue 14: "weights keep their dtype"), tied heads and all."""
+"""`ParamSource`: the real runtimes' GPS, a Ray store on the cluster's nodes. Devices read it from
+their own processes (`GPSWeights`), the driver only names versions; a resume's fp32 checkpoint
+lands in a bf16 store in the store's dtype; a single-process transport is refused by name."""
 from __future__ import annotations
 
+import pytest
 import torch
 
+from pivotrl.config.gps import GPSConfig
 from pivotrl.config.rl import TinyModelConfig
 
 
-def test_fp32_trainer_publishes_into_a_bf16_store(tmp_path):
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    yield ray.get_runtime_context().get_node_id()
+    ray.shutdown()
+
+
+def _read_in_another_process(weights):
+    """What a device actor does with the `GPSWeights` the executor sends it."""
+    from pivotrl.engines.weight_sync import opened
+
+    with opened(weights) as (w, facts):
+        sd = dict(w) if isinstance(w, dict) else None
+        if sd is None:
+            from pivotrl.engines.weight_sync import iter_manifest_tensors
+
+            sd = dict(iter_manifest_tensors(w.to_wire(), 0))
+        return facts, {k: t.clone() for k, t in sd.items()}
+
+
+def test_devices_read_the_version_the_driver_names_from_their_own_process(tmp_path, ray_session):
+    import ray
+
+    from pivotrl.engines.weight_sync import GPSWeights
+    from pivotrl.gps.state_dict import to_store
     from pivotrl.models.tiny import create_tiny_model, load_tiny_model
     from pivotrl.runtime.params import ParamSource
 
     path = create_tiny_model(tmp_path / "bf16", TinyModelConfig(dtype="bfloat16"))
-    model, _ = load_tiny_model(path, dtype="float32")  # the trainer computes in fp32
-    params = ParamSource.create()
+    params = ParamSource.create(GPSConfig(transport="ray"), [ray_session])
     try:
         assert params.register_hf("policy", str(path), frozen=False) == 0
         spec = params.store.spec("policy")
         assert {t.dtype for t in spec.tensors} == {"bfloat16"}
-        sd = {k: v + 1.0 for k, v in model.state_dict().items()}  # a trained step, fp32, lm_head tied
-        assert params.publish("policy", sd) == 1
-        from pivotrl.gps.state_dict import to_store
-
-        stored = to_store(sd, spec)
-        name = spec.tensors[0].name
-        assert stored[name].dtype == torch.bfloat16
-        assert torch.equal(stored[name], sd[name].to(torch.bfloat16))
+        model, _ = load_tiny_model(path, dtype="float32")  # a trainer's fp32 weights, lm_head tied
+        sd = {k: v + 1.0 for k, v in model.state_dict().items()}
+        params.restore("policy", sd, version=7)  # a resume at policy version 7: GPS version 1
+        assert params.version("policy") == 7 and params.store.current_version("policy") == 1
+        weights, v = params.weights("policy")
+        assert isinstance(weights, GPSWeights) and (weights.gps_version, weights.version, v) == (1, 7, 7)
+        facts, got = ray.get(ray.remote(num_cpus=0)(_read_in_another_process).remote(weights))
+        assert facts == {"gps_version": 1, "bytes": spec.nbytes, "path": "file"}  # mapped its node's file
+        want = to_store(sd, spec)
+        assert set(got) == set(want) and "lm_head.weight" not in got  # tied: stored once
+        for k in want:
+            assert got[k].dtype == torch.bfloat16 and torch.equal(got[k], sd[k].to(torch.bfloat16)), k
+        assert params.store.live_versions("policy") == [1]  # the device's lease ended with its read
     finally:
         params.close()
+
+
+def test_a_single_process_transport_is_refused_with_its_config_path(ray_session):
+    from pivotrl.runtime.params import ParamSource
+
+    with pytest.raises(ValueError, match=r"cluster\.gps\.transport='shm'.*allowed: ray"):
+        ParamSource.create(GPSConfig(transport="shm"), [ray_session])
