@@ -20,7 +20,8 @@ Files (bottom-up):
   what it found out (move and shift results, deaths, training errors: plain data).
 - `monitor.py`: per-role workload state and the online throughput-model fit (core's fit).
 - `assets.py`: which checkpoints and data a run loads; `evaluation.py`: prompt encoding and
-  held-out accuracy; `samples.py`: requests, judge prompts, rewards, train batches;
+  held-out accuracy of an engine; `validation.py`: that accuracy on a rollout replica of the
+  cluster (`RemoteEngine`, `rollout_replica`); `samples.py`: requests, judge prompts, rewards, train batches;
   `ledger.py`: the truth about every sequence (tokens with behaviour log-probs).
 - `launch.py`: the devices of a real run (cluster, executor, GPS, resume checkpoint).
 - `faults.py`: named fault points of the device loop (test hooks for deterministic kill tests).

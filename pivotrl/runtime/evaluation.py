@@ -14,7 +14,9 @@ from typing import Any
 from pivotrl.engines.protocol import GenerationRequest, InferenceEngine, SamplingParams
 from pivotrl.rl.rewards import verifiable_score
 
-_ids = itertools.count()
+#: sequence ids of validation requests: far above any run's, so a validation on a device of the
+#: cluster (`runtime.validation`) never meets a training sequence there
+_ids = itertools.count(1 << 40)
 
 
 def encode_prompt(tok: Any, messages: list[dict], max_len: int, chat: Any = None) -> list[int]:

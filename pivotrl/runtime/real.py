@@ -3,8 +3,9 @@ schedulers and planner as the simulator, through the same runtime loop.
 
 `run_real` wires the pieces and always tears down: assets (checkpoints, data), samples, the
 launched devices, the controller (resumed at a checkpoint's version), the device driver, the loop
-and the recorder; held-out accuracy before and after (the closing table is `pivotrl.run`'s). The two cluster kinds
-differ only in how the devices are launched (`launch.py`, `cluster.py`).
+and the recorder; held-out accuracy before and after, on a rollout replica of the cluster
+(`validation.py`; the closing table is `pivotrl.run`'s). The two cluster kinds differ only in how
+the devices are launched (`launch.py`, `cluster.py`).
 """
 from __future__ import annotations
 
@@ -59,28 +60,6 @@ def check_kv_capacity(cfg: Any) -> None:
                               f"more than the {cap} tokens of KV one replica holds", cap, "engine")
 
 
-def val_accuracy(cfg: Any, r: Any, assets: Any, tok: Any, val: list, params: Any, gps_model: str | None) -> dict:
-    """Held-out accuracy of the start policy (None) or of GPS's current `gps_model`, on a CPU
-    engine in the driver (`runtime.evaluation`; it reads GPS like a device does: `GPSWeights`)."""
-    from pivotrl.config.engine import EngineConfig
-    from pivotrl.engines.registry import create_engine
-    from pivotrl.engines.weight_sync import opened
-    from pivotrl.runtime.evaluation import evaluate
-
-    eng = create_engine(assets.policy_path, EngineConfig(name="cpu", num_threads=1))
-    try:
-        if gps_model is not None:
-            weights, version = params.weights(gps_model)
-            with opened(weights) as (w, _):
-                eng.load_weights(w, version)
-        d = cfg.data
-        return evaluate(eng, tok, val, temperature=cfg.algo.rollout_temperature, samples=d.val_samples,
-                        seed=int(cfg.seed), max_prompt_len=d.max_prompt_length, max_tokens=r.max_response,
-                        chat=cfg.models.policy.chat)
-    finally:
-        eng.shutdown()
-
-
 def check_tensor_parallel(cfg: Any) -> None:
     """A replica of several devices needs an engine that runs tensor parallelism (vLLM): the
     project's CPU engine hosts one device per replica."""
@@ -108,6 +87,7 @@ def run_real(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
     from pivotrl.runtime.loop import RunLoop
     from pivotrl.runtime.recorder import Recorder
     from pivotrl.runtime.samples import Samples
+    from pivotrl.runtime.validation import val_accuracy
 
     r = resolve(cfg)
     check_kv_capacity(cfg)  # before any asset is loaded or Ray starts
@@ -125,7 +105,7 @@ def run_real(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
     error: BaseException | None = None
     try:
         launch.start()
-        before = val_accuracy(cfg, r, assets, tok, val, launch.params, None)
+        before = val_accuracy(cfg, r, launch.executor, tok, val)
         ctrl = make_controller(cfg.deploy.mode, control_env(cfg, r, samples.source))
         if launch.resume_version:
             ctrl.resume(launch.resume_version)
@@ -137,7 +117,7 @@ def run_real(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
                        console=f"pivotrl {r.runtime} {ctrl.name}" if progress else None)
         summary = {"val_accuracy_before": before["sampled"], "val_accuracy_greedy_before": before["greedy"]}
         summary.update(RunLoop(ctrl, driver, rec).run())
-        after = val_accuracy(cfg, r, assets, tok, val, launch.params, "policy")
+        after = val_accuracy(cfg, r, launch.executor, tok, val)
         summary.update(val_accuracy_after=after["sampled"], val_accuracy_greedy_after=after["greedy"],
                        bootstrap=assets.bootstrap_info)
         return summary  # pivotrl.run prints the closing table (pivotrl.report.table)

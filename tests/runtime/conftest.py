@@ -1,2 +1,2 @@
-"""Fixtures shared with tests/e2e (tiny random models and a small dataset)."""
-from tests.e2e.conftest import tiny_assets  # noqa: F401  (re-exported as a fixture)
+"""Fixtures shared with tests/e2e (tiny random models and a small dataset, a Ray session per module)."""
+from tests.e2e.conftest import ray_session, tiny_assets  # noqa: F401  (re-exported as fixtures)

@@ -11,7 +11,7 @@ from pivotrl.config.rl import TinyModelConfig
 
 
 @pytest.fixture(scope="module")
-def ray_session():
+def ray_node():
     import ray
 
     ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR")
@@ -32,7 +32,7 @@ def _read_in_another_process(weights):
         return facts, {k: t.clone() for k, t in sd.items()}
 
 
-def test_devices_read_the_version_the_driver_names_from_their_own_process(tmp_path, ray_session):
+def test_devices_read_the_version_the_driver_names_from_their_own_process(tmp_path, ray_node):
     import ray
 
     from pivotrl.engines.weight_sync import GPSWeights
@@ -41,7 +41,7 @@ def test_devices_read_the_version_the_driver_names_from_their_own_process(tmp_pa
     from pivotrl.runtime.params import ParamSource
 
     path = create_tiny_model(tmp_path / "bf16", TinyModelConfig(dtype="bfloat16"))
-    params = ParamSource.create(GPSConfig(transport="ray"), [ray_session])
+    params = ParamSource.create(GPSConfig(transport="ray"), [ray_node])
     try:
         assert params.register_hf("policy", str(path), frozen=False) == 0
         spec = params.store.spec("policy")
@@ -63,8 +63,8 @@ def test_devices_read_the_version_the_driver_names_from_their_own_process(tmp_pa
         params.close()
 
 
-def test_a_single_process_transport_is_refused_with_its_config_path(ray_session):
+def test_a_single_process_transport_is_refused_with_its_config_path(ray_node):
     from pivotrl.runtime.params import ParamSource
 
     with pytest.raises(ValueError, match=r"cluster\.gps\.transport='shm'.*allowed: ray"):
-        ParamSource.create(GPSConfig(transport="shm"), [ray_session])
+        ParamSource.create(GPSConfig(transport="shm"), [ray_node])
