@@ -14,7 +14,12 @@ engine map) and the CPU engine. Rows, each the median of `--repeats` runs:
 - `publish new`: `publish_shards`: each rank's rows straight into the GPS buffer, cast in the copy;
 - `load old`: a GPS read into fresh tensors, the clone `ParamSource.read` makes, and the engine's
   `load_weights` (the Ray object copy between driver and device is again not counted);
-- `load new`: `load_from_gps`: the engine maps its node's GPS file and copies into its weights.
+- `load new`: `load_from_gps`: the engine maps its node's GPS file and copies into its weights;
+- `runtime publish` / `runtime load`: the same two as the real runtimes run them, through device
+  actors of a local cluster (`DeviceWorker.publish` on a trainer rank's actor, `load_weights` of
+  a `GPSWeights` on a rollout actor: each reads its node's GPS file itself); seconds as the driver
+  waits for them (Ray calls included), and the actor's own seconds in `in_actor_s`.
+The old rows are the path the runtime took before (the driver gathered, read and shipped).
 
 `copies` is the structural count of host copies of the model's bytes on that path (by reading
 the code, stated per row); `x_memcpy` = seconds / memcpy seconds, the measured copy-equivalents
@@ -47,7 +52,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--repeats", type=int, default=3)
     a = p.parse_args(argv)
-    import ray
     import torch
 
     from pivotrl.config.engine import EngineConfig
@@ -63,13 +67,16 @@ def main(argv: list[str]) -> int:
     from pivotrl.gps.transports import map_file
     from pivotrl.models.tiny import create_tiny_model
 
+    from pivotrl.runtime.cluster import ClusterSpec, start_cluster
+    from pivotrl.runtime.device import spawn_device
+
     torch.set_num_threads(1)
     spec = TinyModelConfig(hidden_size=a.hidden, num_layers=a.layers, num_heads=8, num_kv_heads=2,
                            intermediate_size=4 * a.hidden, vocab_size=a.vocab, max_position_embeddings=256,
                            tie_word_embeddings=False)
     folder = create_tiny_model(Path(tempfile.mkdtemp()) / "policy", spec, seed=0)
-    ray.init(address="local", num_cpus=1, resources={"gps_node_0": 1}, include_dashboard=False, logging_level="ERROR")
-    store = make_ray_store(GPSConfig(transport="ray", ray_node_resource="gps_node_{}"), 1)
+    cluster = start_cluster(ClusterSpec(kind="local", num_devices=2, node_size=2))
+    store = make_ray_store(GPSConfig(transport="ray"), 1, cluster.ray_node_ids())
     rows = []
     try:
         mspec = ModelSpec.from_config(json.loads((folder / "config.json").read_text()))
@@ -119,9 +126,10 @@ def main(argv: list[str]) -> int:
                      "s_per_gb": lo / gb, "x_memcpy": lo / memcpy})
         rows.append({"path": "load new (load_from_gps: mapped file)", "copies": 1, "seconds": ln,
                      "s_per_gb": ln / gb, "x_memcpy": ln / memcpy})
+        rows += _runtime_rows(store, folder, spawn_device(cluster, 0), spawn_device(cluster, 1), a.repeats, memcpy, gb)
     finally:
         store.close()
-        ray.shutdown()
+        cluster.shutdown()
     for r in rows:
         r["model_gb"] = gb
     print_table(rows, f"weight sync, {gb:.3f} GB float32 model")
@@ -133,3 +141,40 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(main(sys.argv[1:]))
+
+
+def _runtime_rows(store, folder, trainer_actor, rollout_actor, repeats: int, memcpy: float, gb: float) -> list[dict]:
+    """Publish and load as the runtime runs them, through two device actors (module docstring)."""
+    import ray
+
+    from pivotrl.config.engine import EngineConfig
+    from pivotrl.config.trainer import TrainerConfig
+    from pivotrl.core.types import Role
+    from pivotrl.engines.weight_sync import GPSWeights
+    from pivotrl.runtime.roles import RoleSpec
+
+    ray.get(trainer_actor.shift_up.remote(RoleSpec(Role.TRAIN, "policy", str(folder),
+                                                   trainer=TrainerConfig(device="cpu", lr=1e-4))))
+    ray.get(rollout_actor.shift_up.remote(RoleSpec(Role.ROLLOUT, "policy", str(folder),
+                                                   engine=EngineConfig(name="cpu", num_threads=1))))
+    pubs, loads = [], []
+
+    def publish() -> None:
+        pubs.append(ray.get(trainer_actor.publish.remote(store, "policy")))
+
+    def load() -> None:
+        gv = int(store.current_version("policy"))
+        loads.append(ray.get(rollout_actor.load_weights.remote(GPSWeights(store, "policy", gv, gv), gv)))
+
+    pub_s = _median_s(publish, repeats)
+    load_s = _median_s(load, repeats)
+    assert all(e["path"] == "file" for e in loads), loads
+    rows = []
+    for path, secs, evs in (("runtime publish (trainer actor: DeviceWorker.publish)", pub_s, pubs),
+                            ("runtime load (rollout actor: load_weights of GPSWeights)", load_s, loads)):
+        rows.append({"path": path, "copies": 1, "seconds": secs, "s_per_gb": secs / gb, "x_memcpy": secs / memcpy,
+                     "in_actor_s": statistics.median(e["seconds"] for e in evs)})
+    for actor in (trainer_actor, rollout_actor):
+        ray.get(actor.close.remote())
+        ray.kill(actor)
+    return rows
