@@ -19,7 +19,7 @@ Owns the two public halves and the tensor iterator they share:
   file (the single-process `shm` transport) or not a whole copy, it falls back to a GPS read into
   fresh tensors and `load_weights`. Returns the timing as a measured event (seconds, bytes, GB/s,
   which path), never a timeout: a slow load is recorded, not fatal.
-- `GPSWeights` / `opened(weights)`: what the driver hands a device instead of a state dict (the
+- `GPSWeights` / `opened(weights, version)`: what the driver hands a device instead of a state dict (the
   store handle, the model, the GPS version, the policy version it carries): the device opens it
   itself, in its own process, for its own node (`GlobalParameterStore.local_node`): a leased file
   manifest both engines load from, or a GPS read where there is none. The driver never holds the
@@ -48,14 +48,21 @@ __all__ = ["GPSWeights", "publish_shards", "load_from_gps", "opened", "iter_mani
 @dataclass(frozen=True)
 class GPSWeights:
     """Weights a device reads from GPS itself: `model` at GPS version `gps_version`, loaded as
-    `version` (the policy's version; it differs from the GPS one after a resume). Picklable: the
-    store travels as its handle (a `make_ray_store` store: version table and node buffers live in
-    their own actors)."""
+    `version` (the policy's version; it differs from the GPS one after a resume). Nothing is
+    leased while this travels: if a newer version superseded `gps_version` (and freed it) before
+    the device read, the device takes the newest one, tagged by the same offset (a shift up and a
+    publish both want the policy's current version; newer weights only make tokens less stale).
+    Picklable: the store travels as its handle (a `make_ray_store` store: version table and node
+    buffers live in their own actors)."""
 
     store: Any
     model: str
     gps_version: int
     version: int
+
+    def version_of(self, gps_version: int) -> int:
+        """The policy version GPS version `gps_version` of this model holds."""
+        return int(gps_version) + self.version - self.gps_version
 
 
 def fsdp_row_range(rows: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -210,14 +217,25 @@ def open_gps(store: Any, model: str, node: int | None, version: int | None = Non
 
 
 @contextlib.contextmanager
-def opened(weights: Any) -> Iterator[tuple[Any, dict[str, Any]]]:
-    """(what an engine's `load_weights` takes, the load's facts) for `weights`: a `GPSWeights`
-    opened on this process's own GPS node (`open_gps`), or a state dict (or None) as it is."""
+def opened(weights: Any, version: int) -> Iterator[tuple[Any, int, dict[str, Any]]]:
+    """(what an engine's `load_weights` takes, the version to tag it with, the load's facts) for
+    `weights`: a `GPSWeights` opened on this process's own GPS node (`open_gps`; superseded by a
+    newer version: the newest, `GPSWeights`), or a state dict (or None) as it is, at `version`."""
     if not isinstance(weights, GPSWeights):
-        yield weights, {}
+        yield weights, version, {}
         return
-    with open_gps(weights.store, weights.model, weights.store.local_node(), weights.gps_version) as o:
-        yield o["weights"], {"gps_version": o["version"], "bytes": o["bytes"], "path": o["path"]}
+    from pivotrl.gps.errors import UnknownVersionError
+
+    node = weights.store.local_node()
+    with contextlib.ExitStack() as stack:
+        try:
+            o = stack.enter_context(open_gps(weights.store, weights.model, node, weights.gps_version))
+        except UnknownVersionError:  # freed once a newer version was committed: read the newest
+            o = stack.enter_context(open_gps(weights.store, weights.model, node, None))
+            if o["version"] < weights.gps_version:
+                raise
+        yield o["weights"], weights.version_of(o["version"]), {"gps_version": o["version"], "bytes": o["bytes"],
+                                                                 "path": o["path"]}
 
 
 def load_from_gps(engine: Any, store: Any, model: str, node: int | None, version: int | None = None,

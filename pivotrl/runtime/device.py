@@ -217,7 +217,8 @@ class DeviceWorker:
     def load_weights(self, weights: Any, version: int) -> dict[str, Any] | None:
         """Replace the active engine's weights in place with `weights` (a `weight_sync.GPSWeights`
         this actor reads from its own GPS node, or a state dict), tagged `version`. Returns the
-        load as a measured event, `{"seconds", "bytes", "path", "gps_version"}` (seconds timed
+        load as a measured event, `{"seconds", "version", "bytes", "path", "gps_version"}`
+        (`version`: the one loaded, newer than asked if GPS moved on meanwhile; seconds timed
         inside the step lock: the time decoding stood still for it, without the wait for the
         iteration in progress), or None when no engine is active (a publish that raced a shift
         down: the next shift up reads GPS anyway). A failed load raises the engine's
@@ -229,9 +230,9 @@ class DeviceWorker:
             if not isinstance(self.active, InferenceHost) or not self.active.active:
                 return None
             t0 = time.perf_counter()
-            with opened(weights) as (w, facts):
-                self.active.engine.load_weights(w, version)
-            return {"seconds": time.perf_counter() - t0, **facts}
+            with opened(weights, version) as (w, v, facts):
+                self.active.engine.load_weights(w, v)
+            return {"seconds": time.perf_counter() - t0, "version": v, **facts}
 
     def poll(self, timeout: float = 0.5) -> DevicePoll:
         """Wait up to `timeout` s for a completion; return completions, token deltas and stats."""

@@ -227,15 +227,15 @@ class InferenceHost(RoleHost):
             if cold:
                 self.engine = build_engine(self.spec)
                 if weights is not None:
-                    with opened(weights) as (w, facts):
-                        self.engine.load_weights(w, version)
+                    with opened(weights, version) as (w, v, facts):
+                        self.engine.load_weights(w, v)
                     detail = _load_detail(facts)
             elif self._weights_kept:  # frozen weights were kept in host memory: nothing to read
                 detail = dict(self.engine.reacquire_memory(None) or {})
                 detail["weights_kept"] = 1.0
             else:
-                with opened(weights) as (w, facts):
-                    detail = dict(self.engine.reacquire_memory(w, version) or {})
+                with opened(weights, version) as (w, v, facts):
+                    detail = dict(self.engine.reacquire_memory(w, v) or {})
                 detail.update(_load_detail(facts))
         except EngineFailedError:
             self._drop_engine()  # it shut itself down; the next shift up builds a fresh one

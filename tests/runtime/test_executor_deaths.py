@@ -162,7 +162,7 @@ def test_a_failed_weight_load_replaces_the_device_and_the_others_report_their_lo
                     def fail():
                         raise EngineLoadError("load failed: bad tensor", phase="load")
                     return fail
-                return lambda: {"seconds": 0.25, "bytes": 100, "path": "file", "gps_version": 2}
+                return lambda: {"seconds": 0.25, "version": 7, "bytes": 100, "path": "file", "gps_version": 2}
 
         @property
         def load_weights(self):
@@ -177,7 +177,7 @@ def test_a_failed_weight_load_replaces_the_device_and_the_others_report_their_lo
     version, per = ex.publish_policy()
     assert version == 7 and sorted(c[0] for c in calls) == [0, 1]
     assert all(c[1:] == (("gps", "policy", 2), 7) for c in calls), "the device reads the named version itself"
-    assert per == [{"device": 0, "seconds": 0.25, "bytes": 100, "path": "file", "gps_version": 2}]
+    assert per == [{"device": 0, "seconds": 0.25, "version": 7, "bytes": 100, "path": "file", "gps_version": 2}]
     (d,) = ex.take_deaths()
     assert (d.device, d.role, d.slot) == (1, Role.ROLLOUT, Slot(Role.ROLLOUT, 1, 1)) and "publish" in d.why
     assert not ex.reachable(1) and 1 not in ex.serving()

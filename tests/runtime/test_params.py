@@ -23,7 +23,7 @@ def _read_in_another_process(weights):
     """What a device actor does with the `GPSWeights` the executor sends it."""
     from pivotrl.engines.weight_sync import opened
 
-    with opened(weights) as (w, facts):
+    with opened(weights, weights.version) as (w, _, facts):
         sd = dict(w) if isinstance(w, dict) else None
         if sd is None:
             from pivotrl.engines.weight_sync import iter_manifest_tensors
@@ -68,3 +68,29 @@ def test_a_single_process_transport_is_refused_with_its_config_path(ray_node):
 
     with pytest.raises(ValueError, match=r"cluster\.gps\.transport='shm'.*allowed: ray"):
         ParamSource.create(GPSConfig(transport="shm"), [ray_node])
+
+
+def test_a_version_superseded_before_the_device_reads_it_gives_the_newest(tmp_path, ray_node):
+    """Nothing is leased while `GPSWeights` travel: if the trainer committed a newer version (and
+    the named one was freed) first, the device reads the newest, tagged by the same offset."""
+    from pivotrl.engines.weight_sync import opened
+    from pivotrl.gps.errors import UnknownVersionError
+    from pivotrl.models.tiny import create_tiny_model, load_tiny_model
+    from pivotrl.runtime.params import ParamSource
+
+    path = create_tiny_model(tmp_path / "p", TinyModelConfig())
+    params = ParamSource.create(GPSConfig(transport="ray"), [ray_node])
+    try:
+        params.register_hf("policy", str(path), frozen=False)
+        params.restore("policy", load_tiny_model(path, dtype="float32")[0].state_dict(), version=10)
+        named, v = params.weights("policy")  # GPS version 1 = policy version 10
+        sd = {k: t + 1.0 for k, t in load_tiny_model(path, dtype="float32")[0].state_dict().items()}
+        params.store.load_state_dict("policy", {k: t for k, t in sd.items() if k in params.store.spec("policy")})
+        assert params.store.live_versions("policy") == [2], "the named version is gone"
+        with opened(named, v) as (w, loaded, facts):
+            assert (loaded, facts["gps_version"], facts["path"]) == (11, 2, "file")
+        with pytest.raises(UnknownVersionError):  # never an older version than the one named
+            with opened(type(named)(named.store, "policy", 3, 12), 12):
+                pass
+    finally:
+        params.close()
