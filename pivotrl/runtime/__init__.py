@@ -25,6 +25,8 @@ Files (bottom-up):
   `ledger.py`: the truth about every sequence (tokens with behaviour log-probs).
 - `launch.py`: the devices of a real run (cluster, executor, GPS, resume checkpoint).
 - `faults.py`: named fault points of the device loop (test hooks for deterministic kill tests).
+- `training.py`: one training step on the home devices (batch, step, publish into GPS, a
+  checkpoint written in the background).
 - `driver.py`: the real devices' `Driver`; `real.py`: `run_real` (`cluster=local|ray`);
   `inproc.py`: the synchronous loop in one process (`cluster=inproc`).
 The control plane (core, deploy) is imported, never copied: tests/runtime/test_same_control_plane.py.

@@ -2,16 +2,17 @@
 
 Owns what happens on real devices between the controller's decisions: polling the inference
 devices for progress and completions, carrying out moves, shifts (driver threads), training steps
-(a driver thread) and weight publishes through the executor (the trainer's ranks write GPS,
-each rollout device reads its node's copy: the weights never pass through the driver), device
-deaths, and the run's own figures (`RealStats`). The truth about every sequence is the `SequenceLedger`; building requests,
-judge prompts, rewards and batches is `Samples`'; the devices themselves are the `Launch`'s.
+(a driver thread running `training.TrainingSteps`) and weight publishes through the executor
+(each rollout device reads its node's GPS copy: the weights never pass through the driver),
+device deaths, and the run's own figures (`RealStats`). The truth about every sequence is the
+`SequenceLedger`; building requests, judge prompts, rewards and batches is `Samples`'; the
+devices themselves are the `Launch`'s.
 
 Decisions:
 - Shifts and training steps run in driver threads (they block on their devices); their results
   come back through a queue and become events in `wait`: the controller sees one event at a time.
 - A completion is accepted only from the device the ledger placed that sequence on; one that
-  raced an abort is delivered once, after the current actions. Trained ids are checked for repeats.
+  raced an abort is delivered once, after the current actions.
 - Deaths: whichever call finds a device dead respawns it (`Executor.respawn`, one `Death` each);
   the driver takes each death once (`Executor.take_deaths`, the run's one count): a dead
   inference device re-hosts its replica (cold) unless a shift holds it, and its sequences go back
@@ -28,7 +29,6 @@ Decisions:
 """
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 import time
@@ -39,13 +39,12 @@ from pivotrl.deploy.events import (
     DeviceLost, Dispatch, PublishWeights, Record, ReplicaLost, SequenceFinished, ShiftDone, StartShift, StartTraining,
     StepDone, Tick, TrainingDone,
 )
-from pivotrl.runtime.outcomes import Death, TrainingRankDied
+from pivotrl.runtime.outcomes import Death
 from pivotrl.runtime.faults import point
 from pivotrl.runtime.ledger import SequenceLedger, Tokens
 from pivotrl.runtime.monitor import Monitor
 from pivotrl.runtime.stats import RealStats
-
-log = logging.getLogger(__name__)
+from pivotrl.runtime.training import TrainingSteps
 
 
 class DeviceDriver:
@@ -61,8 +60,6 @@ class DeviceDriver:
         self.fit_every_s = float(self.cl.fit_every_s)
         self.monitor = Monitor()
         self.ledger = SequenceLedger()
-        self.trained_ids: list[int] = []
-        self.train_metrics: dict[int, dict[str, float]] = {}
         self.results: queue.Queue = queue.Queue()
         self.polls: dict[int, Any] = {}
         self.poll_gen: dict[int, int] = {}
@@ -75,6 +72,7 @@ class DeviceDriver:
         self._last = 0.0
         self.stats = RealStats()
         self.counts = self.stats.counts
+        self.training = TrainingSteps(cfg, self.ex, samples, self.ledger, launch, self)
 
     @property
     def now(self) -> float:
@@ -200,11 +198,6 @@ class DeviceDriver:
             return
         yield ReplicaLost(self.now, role=role, replica_id=slot.slot_id)
 
-    def training_died(self, devices: list[int], why: str) -> str:
-        """The error of a training rank's death: what was lost, and how to resume."""
-        return (f"device(s) {devices} (training rank) died ({why}); the trainer's process group is lost, so "
-                f"the run stops; {self.launch.resume_hint()}")
-
     # ------------------------------------------------------------------ threads
     def _spawn(self, fn, *args: Any) -> None:
         def body() -> None:
@@ -238,46 +231,9 @@ class DeviceDriver:
                             progress=self.ledger.counts(), measured=res.measured)
         elif kind == "train":
             _, act, metrics, secs = item
-            self.train_metrics[act.batch] = metrics
             self.stats.train_busy_s += secs * len(act.devices)
             yield TrainingDone(self.now, batch=act.batch, version=int(metrics["version"]), seconds=secs,
                                progress=self.ledger.counts())
-
-    def _train(self, act: StartTraining) -> tuple:
-        import ray
-
-        dup = set(act.sample_ids) & set(self.trained_ids)
-        if dup:
-            raise RuntimeError(f"samples {sorted(dup)[:8]} would be trained twice")
-        self.trained_ids.extend(act.sample_ids)
-        led = self.ledger
-        batch = self.s.train_batch(act.sample_ids, {sid: led.rewards[sid].total for sid in act.sample_ids},
-                                   led.responses, led.versions)
-        if batch.old_log_probs is None:
-            self.counts["logprobs_missing"] += 1
-            log.warning("batch %d: some samples have no behaviour log-probs; training them as on-policy", act.batch)
-        t0 = time.perf_counter()
-        ref = ray.put(batch)
-        try:
-            for d in act.devices:
-                point("train", d, self.ex.handle(d)[0])
-            metrics = self.ex.train_call(act.devices, "train_step", ref)[0]
-            secs = time.perf_counter() - t0
-            pub = self.ex.train_call(act.devices, "publish", self.ex.params.store, "policy")[0]
-            version = int(metrics["version"])
-            published = self.ex.params.policy_version("policy", int(pub["gps_version"]))
-            if published != version:
-                raise RuntimeError(f"batch {act.batch}: the trainer is at policy version {version} but its "
-                                   f"publish made GPS hold version {published}")
-            self.record_event("weight_publish", version=version, seconds=float(pub["seconds"]))
-            if version % self.cfg.train.checkpoint_every == 0:
-                from pivotrl.engines.trainer_checkpoint import checkpoint_dir
-
-                path = str(checkpoint_dir(self.launch.checkpoint_dir, version))
-                self.ex.train_call(act.devices, "save_checkpoint", path, {"step": version, "batch": act.batch})
-        except TrainingRankDied as e:
-            raise RuntimeError(self.training_died(e.devices, f"during {e.method} of batch {act.batch}")) from None
-        return ("train", act, metrics, secs)
 
     # ------------------------------------------------------------------ Driver: actions
     def dispatch(self, act: Dispatch) -> None:
@@ -307,7 +263,7 @@ class DeviceDriver:
         self._spawn(lambda p=act.plan: ("shift", self.ex.run_shift(p)))
 
     def start_training(self, act: StartTraining) -> None:
-        self._spawn(self._train, act)
+        self._spawn(self.training.run, act)
 
     def publish(self, act: PublishWeights) -> None:
         """The new policy into every rollout replica, waited for (`Executor.publish_policy`)."""
@@ -341,4 +297,5 @@ class DeviceDriver:
     def finish(self) -> dict[str, Any]:
         for t in self.threads:
             t.join(timeout=60)
+        self.training.finish()
         return self.stats.summary(self)

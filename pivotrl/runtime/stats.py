@@ -31,12 +31,12 @@ class RealStats:
         `pivotrl.sim.replay.RunRecords`): `[sample_id, prompt_tokens, response_tokens,
         genrm_tokens]`, one row per trained sample in id order."""
         led, s = drv.ledger, drv.s
-        ids = [x for x in drv.trained_ids if s.batch_of(x) == act.batch]
+        ids = [x for x in drv.training.trained_ids if s.batch_of(x) == act.batch]
         drv.record_event("sample_lengths", batch=int(act.batch), samples=[
             [int(sid), s.prompt_len(sid), len(led.responses.get(sid, ())), len(led.tokens[Role.REWARD].get(sid, ()))]
             for sid in sorted(ids)])
         rw = [led.rewards[x] for x in ids if x in led.rewards]
-        tm = drv.train_metrics.get(act.batch, {})
+        tm = drv.training.metrics.get(act.batch, {})
         n = max(1, len(rw))
         return {
             "reward_mean": sum(r.total for r in rw) / n, "train_accuracy": sum(r.verifiable for r in rw) / n,
@@ -60,7 +60,7 @@ class RealStats:
             "num_shifts": c["shifts"], "shift_log": drv.ex.shift_log,
             "tau_shift": {r.value: v for r, v in drv.ctrl.tau_shift.items()},
             "train_busy_device_s": self.train_busy_s, "device_seconds_by_role": dict(self.held),
-            "samples_trained": len(drv.trained_ids), "samples_trained_unique": len(set(drv.trained_ids)),
+            "samples_trained": len(drv.training.trained_ids), "samples_trained_unique": len(set(drv.training.trained_ids)),
             "policy_version": drv.ctrl.pipe.version, "device_deaths": c["device_deaths"],
             # every death respawns the device once; a crash-looping one then leaves the pool
             "respawns": len(drv.ex.deaths), "lost_devices": sorted(drv.ex.retired),

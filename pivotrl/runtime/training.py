@@ -1,0 +1,91 @@
+"""One training step of a real run, on the trainer's home devices (a driver thread runs it).
+
+Owns `TrainingSteps`: the batch built from the ledger (trained ids checked for repeats), the
+collective step, the publish into GPS (each rank writes its own shard, `DeviceWorker.publish`;
+the version GPS then holds must be the trainer's), the checkpoint every `train.checkpoint_every`
+versions, and the error a dead training rank stops the run with (what was lost, how to resume).
+
+Checkpoints are off the critical path: the ranks stage their state in host memory and write it in
+the background (`save_checkpoint(..., blocking=False)`), while the run goes on; the next save, and
+the end of the run (`finish`), wait for the one in flight, so a failed write surfaces there,
+naming its folder. A checkpoint counts (for a resume, or for rebuilding a lost trainer) only once
+complete: `trainer_state.json` is written last.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from pivotrl.runtime.faults import point
+from pivotrl.runtime.outcomes import TrainingRankDied
+
+log = logging.getLogger(__name__)
+
+
+class TrainingSteps:
+    """The training side of a `DeviceDriver` (module docstring)."""
+
+    def __init__(self, cfg: Any, executor: Any, samples: Any, ledger: Any, launch: Any, driver: Any) -> None:
+        self.cfg, self.ex, self.s, self.ledger, self.launch, self.driver = cfg, executor, samples, ledger, launch, driver
+        self.trained_ids: list[int] = []
+        self.metrics: dict[int, dict[str, float]] = {}
+        self.home: tuple[int, ...] = ()  # the devices of the last step (the checkpoint in flight is theirs)
+
+    def died(self, devices: list[int], why: str) -> str:
+        """The error of a training rank's death: what was lost, and how to resume."""
+        return (f"device(s) {devices} (training rank) died ({why}); the trainer's process group is lost, so "
+                f"the run stops; {self.launch.resume_hint()}")
+
+    def run(self, act: Any) -> tuple:
+        """Train batch `act.batch` on `act.devices`, publish, checkpoint: `("train", act, metrics, s)`,
+        `s` the step's own seconds (the publish and the checkpoint's staging not included)."""
+        import ray
+
+        dup = set(act.sample_ids) & set(self.trained_ids)
+        if dup:
+            raise RuntimeError(f"samples {sorted(dup)[:8]} would be trained twice")
+        self.trained_ids.extend(act.sample_ids)
+        led = self.ledger
+        batch = self.s.train_batch(act.sample_ids, {sid: led.rewards[sid].total for sid in act.sample_ids},
+                                   led.responses, led.versions)
+        if batch.old_log_probs is None:
+            self.driver.counts["logprobs_missing"] += 1
+            log.warning("batch %d: some samples have no behaviour log-probs; training them as on-policy", act.batch)
+        t0 = time.perf_counter()
+        ref = ray.put(batch)
+        self.home = tuple(act.devices)
+        try:
+            for d in act.devices:
+                point("train", d, self.ex.handle(d)[0])
+            metrics = self.ex.train_call(act.devices, "train_step", ref)[0]
+            secs = time.perf_counter() - t0
+            version = int(metrics["version"])
+            self._publish(act, version)
+            if version % self.cfg.train.checkpoint_every == 0:
+                self._checkpoint(act, version)
+        except TrainingRankDied as e:
+            raise RuntimeError(self.died(e.devices, f"during {e.method} of batch {act.batch}")) from None
+        self.metrics[act.batch] = metrics
+        return ("train", act, metrics, secs)
+
+    def _publish(self, act: Any, version: int) -> None:
+        params = self.ex.params
+        pub = self.ex.train_call(act.devices, "publish", params.store, "policy")[0]
+        published = params.policy_version("policy", int(pub["gps_version"]))
+        if published != version:
+            raise RuntimeError(f"batch {act.batch}: the trainer is at policy version {version} but its "
+                               f"publish made GPS hold version {published}")
+        self.driver.record_event("weight_publish", version=version, seconds=float(pub["seconds"]))
+
+    def _checkpoint(self, act: Any, version: int) -> None:
+        from pivotrl.engines.trainer_checkpoint import checkpoint_dir
+
+        path = str(checkpoint_dir(self.launch.checkpoint_dir, version))
+        t0 = time.perf_counter()
+        self.ex.train_call(act.devices, "save_checkpoint", path, {"step": version, "batch": act.batch})
+        self.driver.record_event("checkpoint_started", version=version, path=path,
+                                 blocked_s=time.perf_counter() - t0)
+
+    def finish(self) -> None:
+        """The end of the run: wait for the checkpoint in flight (a failed one raises here)."""
