@@ -14,11 +14,10 @@ What it refuses, each with the full config path:
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 from typing import Any
 
-from pivotrl.config.base import ConfigError
+from pivotrl.config.base import ConfigError, finite
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -57,6 +56,10 @@ RENAMED: dict[str, str] = {
     "cluster.runtime.reward.genrm_parser": "models.genrm.judge.parser",
     "cluster.runtime.reward.genrm_max_tokens": "models.genrm.judge.max_tokens",
     "cluster.runtime.reward.genrm_temperature": "models.genrm.judge.temperature",
+    # one schema per shift strategy (pivotrl/config/planner.py): the strategy is a config group
+    "deploy.planner.strategy": "deploy/planner",
+    "deploy.planner.rule_up_kv": "deploy.planner.up_kv",
+    "deploy.planner.rule_down_kv": "deploy.planner.down_kv",
 }
 
 
@@ -77,8 +80,9 @@ def check_overrides(overrides: list[str]) -> None:
         key = ov.split("=", 1)[0].lstrip("+~")
         new = renamed(key)
         if new is not None:
-            raise ConfigError(key, f"the new key {new} (renamed; see README 'Renamed keys')",
-                              ov.split("=", 1)[1])
+            value = ov.split("=", 1)[1]
+            hint = new if new.startswith("(") else f"{new}={value}"
+            raise ConfigError(key, f"the new key: {hint} (renamed; see README 'Renamed keys')", value)
 
 
 def _is_dataclass_node(node: Any) -> type | None:
@@ -89,7 +93,9 @@ def _is_dataclass_node(node: Any) -> type | None:
 
 
 def _check_value(v: Any, path: str, key: str) -> None:
-    if isinstance(v, float) and not math.isfinite(v):
+    """The one non-finite check of the project: every float of the tree, wherever it sits (the
+    dataclasses' own range checks use the same `finite`)."""
+    if isinstance(v, float) and not finite(v):
         raise ConfigError(key, "a finite number", v, path)
 
 
