@@ -5,8 +5,9 @@ Owns: `DataConfig`, `RewardConfig`, `ChatConfig` and `JudgeConfig` (each model's
 the GenRM's judge settings, fields of `models.<role>` in pivotrl/config/models.py),
 `TinyModelConfig`, `BootstrapConfig` (pure dataclasses, a docstring per field, validated in
 `__post_init__` without changing any value), and the registries of the judge's names
-(`JUDGE_TEMPLATES`, `SCORE_PARSERS`: lazy targets in pivotrl/rl/genrm.py, so no import points up). Imports no torch, so `pivotrl.models.tiny` and
-`pivotrl.models.bootstrap` import these, not the other way round.
+(`JUDGE_TEMPLATES`, `SCORE_PARSERS`: lazy targets in pivotrl/rl/genrm.py, so no import points
+up). Imports no torch, so `pivotrl.models.tiny` and `pivotrl.models.bootstrap` import these, not
+the other way round.
 """
 from __future__ import annotations
 

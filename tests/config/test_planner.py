@@ -30,18 +30,24 @@ def test_a_strategys_own_settings_reach_its_schema_only():
     assert not hasattr(rule.deploy.planner, "horizon_s")  # the planner's H is pivot's and vanilla's
     van = compose_config(["deploy/planner=vanilla", "deploy.planner.horizon_s=30"]).deploy.planner
     assert type(van) is VanillaPlannerConfig and van.horizon_s == 30
-    # another strategy's setting is not a key of this one
-    with pytest.raises(ConfigCompositionException, match="deploy.planner.up_kv"):
-        compose_config(["deploy/planner=pivot", "deploy.planner.up_kv=0.9"])
-    with pytest.raises(ConfigCompositionException, match="deploy.planner.horizon_s"):
+    # another strategy's setting is not a key of this one: the error names whose it is
+    with pytest.raises(ConfigError, match=r"^deploy\.planner\.up_kv='0\.9' is invalid; allowed: a key of "
+                       r"deploy/planner=pivot \(.*\); up_kv is a setting of deploy/planner=rule"):
+        compose_config(["deploy.planner.up_kv=0.9"])  # pivot: deploy=pivot's default strategy
+    with pytest.raises(ConfigError, match=r"horizon_s is a setting of deploy/planner=pivot \| vanilla"):
         compose_config(["deploy/planner=static", "deploy.planner.horizon_s=30"])
+    # where the strategy is not known before composing (an experiment overlay may choose it),
+    # composition still refuses the key
+    with pytest.raises(ConfigCompositionException, match="deploy.planner.up_kv"):
+        compose_config(["experiment=quick", "deploy.planner.up_kv=0.9"])
 
 
 @pytest.mark.parametrize("overrides, message", [
     (["deploy/planner=rule", "deploy.planner.up_kv=0.05"],
      "deploy.planner.down_kv=0.1 is invalid; allowed: in [0, up_kv=0.05)"),
     (["deploy/planner=rule", "deploy.planner.up_kv=1.5"], "deploy.planner.up_kv=1.5 is invalid; allowed: in (0, 1]"),
-    (["deploy/planner=pivot", "deploy.planner.horizon_s=0"], "deploy.planner.horizon_s=0.0 is invalid; allowed: a finite"),
+    (["deploy/planner=pivot", "deploy.planner.horizon_s=0"],
+     "deploy.planner.horizon_s=0.0 is invalid; allowed: a finite"),
     (["deploy/planner=vanilla", "deploy.planner.evaluation=guess"], "deploy.planner.evaluation='guess' is invalid; "
      "allowed: migrate | summary"),
     (["deploy/planner=static", "deploy.planner.tick_s=0"], "deploy.planner.tick_s=0.0 is invalid; allowed: a finite"),
@@ -65,7 +71,8 @@ def test_a_schema_names_its_own_strategy_only():
     with pytest.raises(ConfigError, match=r"^strategy='rule' is invalid; allowed: 'pivot', the strategy of "
                        r"PivotPlannerConfig.*deploy/planner=<strategy>"):
         PivotPlannerConfig(strategy="rule")
-    with pytest.raises(ConfigError, match=r"^deploy\.planner\.strategy='bogus' is invalid; allowed: pivot \| rule \| static \| vanilla"):
+    with pytest.raises(ConfigError, match=r"^deploy\.planner\.strategy='bogus' is invalid; "
+                       r"allowed: pivot \| rule \| static \| vanilla"):
         RulePlannerConfig(strategy="bogus")
     assert type(planner_config("rule", up_kv=0.7)) is RulePlannerConfig
     assert PlannerConfig().strategy == ""  # the modes without a planner: no strategy
