@@ -48,7 +48,7 @@ class Registry(Mapping[str, T], Generic[T]):
             from pivotrl.config.base import ConfigError
 
             path, _, field = self.config_key.rpartition(".")
-            raise ConfigError(field, " | ".join(self.names()), name, path)
+            raise ConfigError(field, " | ".join(self.names()), name, path, absolute=True)
 
     def __getitem__(self, name: str) -> T:
         self.check(name)

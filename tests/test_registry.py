@@ -37,7 +37,7 @@ def test_every_project_registry_is_a_registry():
     from pivotrl.config.deploy import DEPLOY_SCHEMAS
     from pivotrl.config.engine import ENGINES
     from pivotrl.config.gps import TRANSPORTS
-    from pivotrl.config.planner import EVALUATIONS, STRATEGIES
+    from pivotrl.config.planner import EVALUATIONS, PLANNER_SCHEMAS, STRATEGIES
     from pivotrl.deploy import CONTROLLERS
     from pivotrl.rl.advantages import ADVANTAGE_ESTIMATORS
     from pivotrl.rl.genrm import JUDGE_TEMPLATES, SCORE_PARSERS
@@ -45,12 +45,13 @@ def test_every_project_registry_is_a_registry():
     from pivotrl.run import PREFLIGHT, RUNTIMES
 
     regs = (DEPLOY_SCHEMAS, CONTROLLERS, ADVANTAGE_ESTIMATORS, POLICY_LOSSES, RUNTIMES, PREFLIGHT, ENGINES,
-            TRANSPORTS, STRATEGIES, EVALUATIONS, JUDGE_TEMPLATES, SCORE_PARSERS)
+            TRANSPORTS, STRATEGIES, PLANNER_SCHEMAS, EVALUATIONS, JUDGE_TEMPLATES, SCORE_PARSERS)
     for reg in regs:
         assert isinstance(reg, Registry), reg
         for name in reg:  # every lazy entry resolves (contract: the config string reaches a real object)
             assert reg[name] is not None, (reg.config_key, name)
     assert sorted(CONTROLLERS) == sorted(DEPLOY_SCHEMAS)  # one mode, one schema, one controller
+    assert sorted(STRATEGIES) == sorted(PLANNER_SCHEMAS)  # one strategy, one schema
     from pivotrl.config import ClusterKind
 
     assert sorted(RUNTIMES) == sorted(k.value for k in ClusterKind)

@@ -69,3 +69,17 @@ def test_no_import_cycles():
         if m not in state:
             visit(m)
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_config_imports_no_layer_above_it():
+    """`pivotrl/config` is the bottom layer (with `pivotrl.registry`): it knows the names other
+    layers provide (lazy `module:attr` registry targets, e.g. `models.genrm.judge.parser` ->
+    pivotrl/rl/genrm.py) and never imports them, deferred imports included."""
+    def allowed(mod: str) -> bool:
+        return mod in ("pivotrl.registry", "pivotrl.config") or mod.startswith("pivotrl.config.")
+
+    for p in sorted((PKG / "config").glob("*.py")):
+        bad = sorted(i for i in _module_imports(p) if not allowed(i))
+        assert not bad, f"pivotrl/config/{p.name} imports {bad}"
+    # the registry's own deferred import is the config's error type only
+    assert _module_imports(PKG / "registry.py") <= {"pivotrl.config.base"}

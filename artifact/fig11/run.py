@@ -12,11 +12,11 @@ from artifact.common import ROOT, compose, item_main, plt, read_csv, run_one, sa
 EXPECTED = ROOT / "artifact" / "expected" / "fig11.json"
 
 VARIANTS = [  # (label, overrides)
-    ("static", ["deploy.planner.strategy=static"]),
-    ("rule", ["deploy.planner.strategy=rule"]),
-    ("vanilla", ["deploy.planner.strategy=vanilla"]),
-    ("pivot w/o migration", ["deploy.planner.strategy=pivot", "deploy.planner.migration=false"]),
-    ("pivot", ["deploy.planner.strategy=pivot"]),
+    ("static", ["deploy/planner=static"]),
+    ("rule", ["deploy/planner=rule"]),
+    ("vanilla", ["deploy/planner=vanilla"]),
+    ("pivot w/o migration", ["deploy/planner=pivot", "deploy.planner.migration=false"]),
+    ("pivot", ["deploy/planner=pivot"]),
 ]
 
 

@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from pivotrl.bench.common import parser, print_table, write_json
-from pivotrl.config.planner import PlannerConfig
+from pivotrl.config.planner import PivotPlannerConfig
 from pivotrl.core.planner import ClusterView, PivotPlanner, TrainView
 from pivotrl.core.scheduler import ShiftAwareScheduler
 from pivotrl.core.throughput import ThroughputModel
@@ -93,7 +93,7 @@ def planner_breakdown(num_devices: int, scenario: str = "reward_up", repeats: in
     """Time `repeats` full decisions on `synthetic_view(num_devices, scenario)`; per step and in
     total, median and p90 in milliseconds. The Table 2 artifact calls this."""
     view = synthetic_view(num_devices, scenario, seqs_per_replica=seqs_per_replica, seed=seed)
-    planner = PivotPlanner(PlannerConfig(evaluation=evaluation, migration=migration))
+    planner = PivotPlanner(PivotPlannerConfig(evaluation=evaluation, migration=migration))
     per_step: dict[str, list[float]] = {s: [] for s in STEPS}
     totals: list[float] = []
     cpu: list[float] = []

@@ -21,7 +21,7 @@ from pivotrl.config.cluster import ClusterConfig, ClusterKind, HardwareProfile
 from pivotrl.config.deploy import DEPLOY_SCHEMAS, Allocation, DeployConfig, DeployMode
 from pivotrl.config.engine import EngineConfig
 from pivotrl.config.models import LengthDist, ModelsConfig, ModelSpec, WorkloadConfig
-from pivotrl.config.planner import PlannerConfig
+from pivotrl.config.planner import PLANNER_SCHEMAS, PlannerConfig
 from pivotrl.config.rl import DataConfig, RewardConfig
 from pivotrl.config.run import LoggingConfig, TrainConfig
 from pivotrl.config.trainer import TrainerConfig
@@ -34,7 +34,7 @@ class PivotConfig:
 
     defaults: list[Any] = field(default_factory=lambda: ["_self_"])
     deploy: DeployConfig = MISSING
-    """Deployment mode, allocation and (pivot) planner."""
+    """Deployment mode, allocation and (pivot) planner with its shift strategy."""
     models: ModelsConfig = MISSING
     """Policy and GenRM."""
     cluster: ClusterConfig = MISSING
@@ -62,10 +62,17 @@ def register_configs() -> None:
     """Register every group's schema in Hydra's ConfigStore (idempotent)."""
     from hydra.core.config_store import ConfigStore
 
+    from omegaconf import MISSING as OC_MISSING, OmegaConf
+
     cs = ConfigStore.instance()
     cs.store(name="pivot_schema", node=PivotConfig)
     for mode, schema in DEPLOY_SCHEMAS.items():
-        cs.store(group="deploy", name=f"{mode}_schema", node=schema)
+        node = OmegaConf.structured(schema)
+        if "planner" in node:  # the nested group `deploy/planner` fills it with its strategy's schema
+            node.planner = OC_MISSING
+        cs.store(group="deploy", name=f"{mode}_schema", node=node)
+    for strategy, schema in PLANNER_SCHEMAS.items():
+        cs.store(group="deploy/planner", name=f"{strategy}_planner_schema", node=schema)
     cs.store(group="models", name="models_schema", node=ModelsConfig)
     cs.store(group="cluster", name="cluster_schema", node=ClusterConfig)
 

@@ -20,8 +20,10 @@ class ConfigError(ValueError):
     """A bad config value. `field` is relative to the dataclass that raised it; `path` is filled in
     by the loader (`pivotrl.config.load`) with the node's place in the tree."""
 
-    def __init__(self, field: str, allowed: str, value: Any = None, path: str = "") -> None:
+    def __init__(self, field: str, allowed: str, value: Any = None, path: str = "", absolute: bool = False) -> None:
         self.field, self.allowed, self.value, self.path = field, allowed, value, path
+        self.absolute = absolute
+        """`path` is already the full path (a `Registry` knows its config key): `at` keeps it."""
         super().__init__(self._text())
 
     def _text(self) -> str:
@@ -29,7 +31,9 @@ class ConfigError(ValueError):
         return f"{key}={self.value!r} is invalid; allowed: {self.allowed}"
 
     def at(self, path: str) -> "ConfigError":
-        """The same error, placed under `path` (outermost prefix last)."""
+        """The same error, placed under `path` (outermost prefix last); an absolute one stays."""
+        if self.absolute:
+            return self
         full = f"{path}.{self.path}" if self.path else path
         return ConfigError(self.field, self.allowed, self.value, full)
 

@@ -3,8 +3,9 @@ how the real runtimes launch and watch those devices.
 
 `kind` picks the runtime (`local` Ray actors on this machine, `ray` GPUs of a Ray cluster, `sim`
 the discrete-event simulator, `inproc` the synchronous loop in one process). The hardware profile
-is what the simulator's time model reads; the launch settings (`poll_s` ... `gps`) are read by the
-real runtimes only. What runs on the devices is configured elsewhere: `engine`, `algo`, `reward`.
+is what the simulator's time model reads (`hardware.hbm_bytes` included: a real device's memory
+is `device_memory_bytes` or the GPU's own); the launch settings (`poll_s` ... `gps`) are read by
+the real runtimes only. What runs on the devices is configured elsewhere: `engine`, `algo`, `reward`.
 """
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ class HardwareProfile:
     t_allreduce: float = 20e-6
     """One all-reduce at tp > 1, seconds."""
     hbm_bytes: float = 96e9
-    """Device memory, bytes."""
+    """Device memory of the simulated accelerator, bytes (the simulator's KV and weight model only;
+    the real runtimes' device memory is `cluster.device_memory_bytes` or the GPU's own)."""
     host_to_device_bw: float = 55e9
     """Pinned host-to-device bandwidth per device, bytes/s (PCIe Gen5)."""
     inter_node_bw: float = 46e9
@@ -90,6 +92,12 @@ class ClusterConfig:
     null = cpu on `local`, cuda on `ray`."""
     threads_per_device: int = 1
     """CPU threads per virtual device actor (`local`)."""
+    device_memory_bytes: float | None = None
+    """Real runtimes on GPUs (`accelerator=cuda`): memory of one device in bytes, for the check at
+    start that a training rank fits its home devices (`pivotrl.runtime.assets.check_trainer_fits`).
+    null: the GPU's own (`torch.cuda.get_device_properties(0).total_memory`) when the driver sees
+    one, else that check is skipped with a warning naming this key. Never `hardware.hbm_bytes`,
+    which is the simulated accelerator's. CPU devices share host memory: not checked."""
     poll_s: float = 0.05
     """Real runtimes: longest a device poll waits for a completion before returning its progress."""
     fit_every_s: float = 5.0
@@ -109,6 +117,8 @@ class ClusterConfig:
         check(self.accelerator in (None, "cpu", "cuda"), "accelerator", "null, cpu or cuda", self.accelerator)
         check(isinstance(self.threads_per_device, int) and self.threads_per_device >= 1, "threads_per_device",
               "an int >= 1", self.threads_per_device)
+        check(self.device_memory_bytes is None or (finite(self.device_memory_bytes) and self.device_memory_bytes > 0),
+              "device_memory_bytes", "null (the GPU's own) or a finite number of bytes > 0", self.device_memory_bytes)
         for name in ("poll_s", "fit_every_s"):
             check(finite(getattr(self, name)) and getattr(self, name) > 0, name, "a finite number > 0",
                   getattr(self, name))

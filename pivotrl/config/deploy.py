@@ -1,7 +1,9 @@
 """Schemas of the `deploy` group: one dataclass per deployment mode, each with its own checks.
 
 `conf/deploy/<mode>.yaml` selects its mode's schema, so `deploy=pivot` composes a
-`PivotDeployConfig` and `deploy=disaggregated` a `DisaggregatedDeployConfig`. Checks that need
+`PivotDeployConfig` and `deploy=disaggregated` a `DisaggregatedDeployConfig`; `mode` is set by the
+schema and checked against it. Pivot's planner is a nested group of its own, one schema per shift
+strategy (`deploy/planner=<strategy>`, pivotrl/config/planner.py). Checks that need
 another group (the device count, replica sizes) are the mode's `check_allocation`, called by the
 cross-field validation; no check changes a value (derived values come from
 `pivotrl.config.resolve`).
@@ -12,7 +14,7 @@ import enum
 from dataclasses import dataclass, field
 
 from pivotrl.config.base import ConfigError, check
-from pivotrl.config.planner import PlannerConfig
+from pivotrl.config.planner import PivotPlannerConfig, PlannerConfig
 from pivotrl.registry import Registry
 
 
@@ -61,6 +63,11 @@ class DeployConfig:
 
     def __post_init__(self) -> None:
         check(isinstance(self.staleness, int) and self.staleness >= 0, "staleness", "an int >= 0", self.staleness)
+        if type(self) is not DeployConfig:  # a mode's schema: its mode is its registry key
+            own = next((k for k, v in DEPLOY_SCHEMAS.items() if v is type(self)), None)
+            mode = getattr(self.mode, "value", self.mode)
+            check(mode == own, "mode", f"{own!r}, the mode of {type(self).__name__}: another mode is another "
+                  "schema, chosen with deploy=<mode>", mode)
 
     def check_allocation(self, n: int, tp_of: dict[str, int]) -> None:
         """Raise `ConfigError` (relative to `deploy`) if the allocation cannot run on `n` devices
@@ -129,8 +136,9 @@ class PivotDeployConfig(DeployConfig):
     `allocation.train` is the training home set (null: the model group's or a default)."""
 
     mode: DeployMode = DeployMode.pivot
-    planner: PlannerConfig = field(default_factory=PlannerConfig)
-    """Shift strategy and planner settings."""
+    planner: PlannerConfig = field(default_factory=PivotPlannerConfig)
+    """Shift strategy and its settings: one schema per strategy (`pivotrl.config.planner`),
+    chosen with `deploy/planner=<strategy>` (`conf/deploy/planner/`; default `pivot`)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -14,11 +14,10 @@ What it refuses, each with the full config path:
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 from typing import Any
 
-from pivotrl.config.base import ConfigError
+from pivotrl.config.base import ConfigError, finite
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -57,6 +56,10 @@ RENAMED: dict[str, str] = {
     "cluster.runtime.reward.genrm_parser": "models.genrm.judge.parser",
     "cluster.runtime.reward.genrm_max_tokens": "models.genrm.judge.max_tokens",
     "cluster.runtime.reward.genrm_temperature": "models.genrm.judge.temperature",
+    # one schema per shift strategy (pivotrl/config/planner.py): the strategy is a config group
+    "deploy.planner.strategy": "deploy/planner",
+    "deploy.planner.rule_up_kv": "deploy.planner.up_kv",
+    "deploy.planner.rule_down_kv": "deploy.planner.down_kv",
 }
 
 
@@ -70,15 +73,48 @@ def renamed(key: str) -> str | None:
 
 
 def check_overrides(overrides: list[str]) -> None:
-    """Refuse command-line overrides that use a renamed key, naming the new one."""
+    """Refuse command-line overrides that use a renamed key, naming the new one, and settings of a
+    shift strategy other than the chosen one (`check_planner_keys`)."""
     for ov in overrides:
         if "=" not in ov or ov.startswith("hydra"):
             continue
         key = ov.split("=", 1)[0].lstrip("+~")
         new = renamed(key)
         if new is not None:
-            raise ConfigError(key, f"the new key {new} (renamed; see README 'Renamed keys')",
-                              ov.split("=", 1)[1])
+            value = ov.split("=", 1)[1]
+            hint = new if new.startswith("(") else f"{new}={value}"
+            raise ConfigError(key, f"the new key: {hint} (renamed; see README 'Renamed keys')", value)
+    check_planner_keys(overrides)
+
+
+def check_planner_keys(overrides: list[str]) -> None:
+    """`deploy.planner.<key>` that the chosen strategy's schema lacks but another's has (e.g.
+    `deploy.planner.up_kv` without `deploy/planner=rule`): name the strategies it belongs to.
+    Hydra alone would suggest adding it with `+`. The chosen strategy is the `deploy/planner=`
+    override, else pivot's default; with another `deploy=` or an `experiment=` overlay (which may
+    choose for itself) nothing is assumed and composition reports what it finds."""
+    import dataclasses
+
+    from pivotrl.config.planner import PLANNER_SCHEMAS
+
+    pairs = [(ov.split("=", 1)[0].lstrip("+~"), ov.split("=", 1)[1]) for ov in overrides
+             if "=" in ov and not ov.startswith("hydra")]
+    chosen = dict(pairs).get("deploy/planner")
+    if chosen is None:
+        if any(k == "experiment" or (k == "deploy" and v != "pivot") for k, v in pairs):
+            return
+        chosen = "pivot"
+    if chosen not in PLANNER_SCHEMAS:
+        return  # Hydra names the group's options
+    keys = {s: {f.name for f in dataclasses.fields(c)} for s, c in PLANNER_SCHEMAS.items()}
+    for key, value in pairs:
+        name = key.removeprefix("deploy.planner.")
+        if key.startswith("deploy.planner.") and "." not in name and name not in keys[chosen]:
+            owners = sorted(s for s, ks in keys.items() if name in ks)
+            if owners:
+                raise ConfigError(name, f"a key of deploy/planner={chosen} ({', '.join(sorted(keys[chosen]))}); "
+                                  f"{name} is a setting of deploy/planner={' | '.join(owners)}: choose that "
+                                  "strategy first", value, "deploy.planner")
 
 
 def _is_dataclass_node(node: Any) -> type | None:
@@ -89,7 +125,9 @@ def _is_dataclass_node(node: Any) -> type | None:
 
 
 def _check_value(v: Any, path: str, key: str) -> None:
-    if isinstance(v, float) and not math.isfinite(v):
+    """The one non-finite check of the project: every float of the tree, wherever it sits (the
+    dataclasses' own range checks use the same `finite`)."""
+    if isinstance(v, float) and not finite(v):
         raise ConfigError(key, "a finite number", v, path)
 
 

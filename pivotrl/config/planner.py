@@ -1,9 +1,20 @@
-"""Schema of the planner and shift strategy (nested under `deploy.planner`)."""
+"""Schemas of the planner (`deploy.planner`, deploy=pivot): one dataclass per shift strategy, each
+with its own checks.
+
+`PlannerConfig` holds what the pivot controller reads whatever the strategy (monitor tick,
+migration, tick rebalance); each strategy's subclass adds its own settings. `conf/deploy/planner/
+<strategy>.yaml` selects its strategy's schema (`PLANNER_SCHEMAS`, the config string is the key):
+`deploy/planner=rule` composes a `RulePlannerConfig`, and `deploy=pivot` selects `pivot`. A
+setting of another strategy (e.g. `deploy.planner.up_kv` under `deploy/planner=pivot`) is then
+an unknown key, refused at start. `strategy` is set by the schema (as `deploy.mode` is by the
+deploy option) and checked against it. Non-finite numbers are the loader's one check
+(`pivotrl.config.loader`); the checks here are ranges, through `pivotrl.config.base.finite`.
+"""
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
+from pivotrl.config.base import check, finite
 from pivotrl.registry import Registry
 
 #: `deploy.planner.strategy` -> the strategy class (pure control plane, imported on first use).
@@ -22,25 +33,18 @@ EVALUATIONS: Registry[type] = Registry("deploy.planner.evaluation", {
 
 @dataclass
 class PlannerConfig:
-    """How and when the pivot deployment shifts devices (DESIGN §4.3)."""
+    """What the pivot controller reads whatever the strategy (DESIGN §4.3). The base alone names
+    no strategy: it is the planner settings of the modes without one (colocated, disaggregated,
+    rr_colocated), and building a strategy from it fails (`pivotrl.core.strategies.make_strategy`)."""
 
-    strategy: str = "pivot"
-    """Shift strategy by registry name: pivot | static | rule | vanilla."""
+    strategy: str = ""
+    """Shift strategy, by registry name: pivot | static | rule | vanilla. Set by the schema that
+    `deploy/planner=<strategy>` selects; not a setting of its own."""
     migration: bool = True
-    """Shift-time sequence migration (off = the 'pivot without migration' ablation)."""
-    horizon_s: float = 60.0
-    """H: seconds a throughput gain is expected to last; benefit = H*(T_cand - T_now) - phi."""
+    """Shift-time sequence migration (off = the 'pivot without migration' ablation; vanilla never
+    migrates, whatever this says)."""
     tick_s: float = 5.0
     """Monitor tick interval in seconds; the planner also runs on batch-ready and training-done."""
-    rule_up_kv: float = 0.8
-    """`rule` strategy: shift a role up when its KV utilisation is above this."""
-    rule_down_kv: float = 0.1
-    """`rule` strategy: shift a role down when its KV utilisation is below this."""
-    evaluation: str = "summary"
-    """How the planner evaluates a candidate's post-shift throughput (pivotrl/core/whatif.py):
-    `migrate` runs the real scheduler migration on clones (exact, slow at scale); `summary` is
-    its closed-form counterpart on a per-role summary (fast; error bounded in tests/core)."""
-
     rebalance: bool = True
     """Rebalance on monitor ticks (beyond the paper, which migrates only at shift up): when a role's
     queue is empty and its replicas are unevenly loaded, move sequences (abort + dispatch, Alg. 4's
@@ -52,19 +56,79 @@ class PlannerConfig:
     pays an abort and a re-prefill)."""
 
     def __post_init__(self) -> None:
-        for f in fields(self):  # non-finite numbers (inf, nan) are refused everywhere
-            v = getattr(self, f.name)
-            if isinstance(v, float) and not math.isfinite(v):
-                raise ValueError(f"deploy.planner.{f.name} must be a finite number, got {v}")
-        if isinstance(self.rebalance_min_gain, (int, float)) and self.rebalance_min_gain < 0:
-            raise ValueError(f"deploy.planner.rebalance_min_gain must be >= 0, got {self.rebalance_min_gain}")
-        STRATEGIES.check(self.strategy)
-        if isinstance(self.horizon_s, (int, float)) and not self.horizon_s > 0:
-            raise ValueError(f"deploy.planner.horizon_s (H) must be > 0 seconds, got {self.horizon_s}")
-        if isinstance(self.tick_s, (int, float)) and not self.tick_s > 0:
-            raise ValueError(f"deploy.planner.tick_s must be > 0 seconds, got {self.tick_s}")
+        check(finite(self.tick_s) and self.tick_s > 0, "tick_s", "a finite number of seconds > 0", self.tick_s)
+        check(finite(self.rebalance_min_gain) and self.rebalance_min_gain >= 0, "rebalance_min_gain", ">= 0",
+              self.rebalance_min_gain)
+        if type(self) is not PlannerConfig:  # a strategy's schema: its name is its registry key
+            STRATEGIES.check(self.strategy)
+            own = next((k for k, v in PLANNER_SCHEMAS.items() if v is type(self)), None)
+            check(self.strategy == own, "strategy", f"{own!r}, the strategy of {type(self).__name__}: another "
+                  f"strategy is another schema, chosen with deploy/planner=<strategy>", self.strategy)
+
+
+@dataclass
+class PivotPlannerConfig(PlannerConfig):
+    """`deploy/planner=pivot`: the five-step planner (pivotrl/core/planner.py), benefit
+    `H * (T_cand - T_now) - phi` over the fitted throughput model."""
+
+    strategy: str = "pivot"
+    horizon_s: float = 60.0
+    """H: seconds a throughput gain is expected to last; benefit = H*(T_cand - T_now) - phi."""
+    evaluation: str = "summary"
+    """How the planner evaluates a candidate's post-shift throughput (pivotrl/core/whatif.py):
+    `migrate` runs the real scheduler migration on clones (exact, slow at scale); `summary` is
+    its closed-form counterpart on a per-role summary (fast; error bounded in tests/core)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(finite(self.horizon_s) and self.horizon_s > 0, "horizon_s", "a finite number of seconds > 0 (H)",
+              self.horizon_s)
         EVALUATIONS.check(self.evaluation)
-        if (isinstance(self.rule_up_kv, (int, float)) and isinstance(self.rule_down_kv, (int, float))
-                and not 0.0 <= self.rule_down_kv < self.rule_up_kv <= 1.0):
-            raise ValueError(f"deploy.planner.rule_down_kv ({self.rule_down_kv}) and rule_up_kv "
-                             f"({self.rule_up_kv}) must satisfy 0 <= down < up <= 1")
+
+
+@dataclass
+class VanillaPlannerConfig(PivotPlannerConfig):
+    """`deploy/planner=vanilla`: the pivot planner with a 0/1 throughput model (a replica with any
+    running sequence counts 1, an idle one 0) and no migration (paper Fig. 11's "Vanilla")."""
+
+    strategy: str = "vanilla"
+
+
+@dataclass
+class StaticPlannerConfig(PlannerConfig):
+    """`deploy/planner=static`: only the devices idle training frees move, split evenly between
+    rollout and reward. No settings of its own."""
+
+    strategy: str = "static"
+
+
+@dataclass
+class RulePlannerConfig(PlannerConfig):
+    """`deploy/planner=rule`: KV-utilisation thresholds (pivotrl/core/strategies.py)."""
+
+    strategy: str = "rule"
+    up_kv: float = 0.8
+    """Shift a role up when its KV utilisation is above this."""
+    down_kv: float = 0.1
+    """Take devices from the other role only while its KV utilisation is below this."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(finite(self.up_kv) and 0.0 < self.up_kv <= 1.0, "up_kv", "in (0, 1]", self.up_kv)
+        check(finite(self.down_kv) and 0.0 <= self.down_kv < self.up_kv, "down_kv",
+              f"in [0, up_kv={self.up_kv})", self.down_kv)
+
+
+#: strategy -> its schema (the config string is the key; `conf/deploy/planner/<strategy>.yaml`
+#: selects it). The same names as `STRATEGIES` (tests/test_registry.py).
+PLANNER_SCHEMAS: Registry[type[PlannerConfig]] = Registry("deploy.planner.strategy", {
+    "pivot": PivotPlannerConfig,
+    "static": StaticPlannerConfig,
+    "rule": RulePlannerConfig,
+    "vanilla": VanillaPlannerConfig,
+})
+
+
+def planner_config(strategy: str = "pivot", **settings) -> PlannerConfig:
+    """The schema of `strategy` with `settings` (library and test use; Hydra composes the same)."""
+    return PLANNER_SCHEMAS[strategy](**settings)

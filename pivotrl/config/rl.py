@@ -4,16 +4,20 @@
 Owns: `DataConfig`, `RewardConfig`, `ChatConfig` and `JudgeConfig` (each model's chat rendering and
 the GenRM's judge settings, fields of `models.<role>` in pivotrl/config/models.py),
 `TinyModelConfig`, `BootstrapConfig` (pure dataclasses, a docstring per field, validated in
-`__post_init__` without changing any value). Imports no torch, so `pivotrl.models.tiny` and
-`pivotrl.models.bootstrap` import these, not the other way round.
+`__post_init__` without changing any value), and the registries of the judge's names
+(`JUDGE_TEMPLATES`, `SCORE_PARSERS`: lazy targets in pivotrl/rl/genrm.py, so no import points
+up). Imports no torch, so `pivotrl.models.tiny` and `pivotrl.models.bootstrap` import these, not
+the other way round.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pivotrl.config.base import check, finite
+from pivotrl.registry import Registry
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -115,14 +119,27 @@ class ChatConfig:
     empty think block); null: the template's default."""
 
 
+#: `models.genrm.judge.template` -> the judge prompt (a `JudgeTemplate` of pivotrl/rl/genrm.py,
+#: imported on first use: the config knows the names, never the rl layer).
+JUDGE_TEMPLATES: Registry[Any] = Registry("models.genrm.judge.template", {
+    name: f"pivotrl.rl.genrm:{attr}" for name, attr in (
+        ("tiny", "TINY_TEMPLATE"), ("score_out_of_10", "SCORE_OUT_OF_10_TEMPLATE"), ("boxed", "BOXED_TEMPLATE"),
+        ("yes_no", "YES_NO_TEMPLATE"))})
+#: `models.genrm.judge.parser` -> the score parser (pivotrl/rl/genrm.py, imported on first use;
+#: `pivotrl.rl.genrm.register_score_parser` adds more).
+SCORE_PARSERS: Registry[Any] = Registry("models.genrm.judge.parser", {
+    name: f"pivotrl.rl.genrm:parse_{name}"
+    for name in ("score_line", "last_score_line", "score_out_of_10", "boxed", "boxed_10", "yes_no")})
+
+
 @dataclass
 class JudgeConfig:
     """The GenRM's judging: prompt template, score parser, and its sampling and length limits."""
 
     template: str = "score_out_of_10"
-    """Judge prompt template, by name (pivotrl.rl.genrm.JUDGE_TEMPLATES)."""
+    """Judge prompt template, by name (`JUDGE_TEMPLATES`: tiny | score_out_of_10 | boxed | yes_no)."""
     parser: str = "score_out_of_10"
-    """Score parser, by name (pivotrl.rl.genrm.SCORE_PARSERS); `<think>...</think>` is stripped first."""
+    """Score parser, by name (`SCORE_PARSERS`); `<think>...</think>` is stripped first."""
     max_tokens: int = 20480
     """Most tokens the GenRM may write per judgement (paper §8.1: GenRM responses up to 20K)."""
     temperature: float = 0.0
@@ -131,16 +148,12 @@ class JudgeConfig:
     """Nucleus sampling mass of the GenRM (1 = off)."""
 
     def __post_init__(self) -> None:
-        from pivotrl.rl.genrm import JUDGE_TEMPLATES, SCORE_PARSERS  # stdlib-only module
-
         JUDGE_TEMPLATES.check(self.template)
         SCORE_PARSERS.check(self.parser)
-        if self.max_tokens < 1:
-            raise ValueError(f"models.genrm.judge.max_tokens must be >= 1, got {self.max_tokens}")
-        if not self.temperature >= 0:
-            raise ValueError(f"models.genrm.judge.temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"models.genrm.judge.top_p must be in (0, 1], got {self.top_p}")
+        check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "an int >= 1", self.max_tokens)
+        check(finite(self.temperature) and self.temperature >= 0, "temperature", "a finite number >= 0",
+              self.temperature)
+        check(finite(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
 
 
 @dataclass

@@ -14,7 +14,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from pivotrl.config.base import check, finite
+
 PLANNER_TABLE_BYTES = 4  # int32 entries of the planner's Alg. 1 choice table (pivotrl/core/planner.py)
+
+
+#: `models.sim.phase_switch` and `models.sim.pivot_home` values.
+PHASE_SWITCHES = ("shift", "sleep")
+PIVOT_HOMES = ("paper", "sweep")
 
 
 @dataclass
@@ -111,21 +118,18 @@ class SimConfig:
                 f"with replicas of {min_tp} device(s); lower cluster.num_devices or raise the budget")
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs",):
-            v = getattr(self, name)
-            if isinstance(v, int) and v < 1:
-                raise ValueError(f"models.sim.{name} must be >= 1, got {v}")
-        if isinstance(self.memory_budget_gib, (int, float)) and not self.memory_budget_gib > 0:
-            raise ValueError(f"models.sim.memory_budget_gib must be > 0, got {self.memory_budget_gib}")
-        if isinstance(self.mem_util, float) and not 0.0 < self.mem_util <= 1.0:
-            raise ValueError(f"models.sim.mem_util must be in (0, 1], got {self.mem_util}")
-        if self.phase_switch not in ("shift", "sleep"):
-            raise ValueError(f"models.sim.phase_switch must be 'shift' or 'sleep', got {self.phase_switch!r}")
-        if self.pivot_home not in ("paper", "sweep"):
-            raise ValueError(f"models.sim.pivot_home must be 'paper' or 'sweep', got {self.pivot_home!r}")
-        if isinstance(self.sweep_units, int) and self.sweep_units < 2:
-            raise ValueError(f"models.sim.sweep_units must be >= 2, got {self.sweep_units}")
-        if isinstance(self.throughput_sample_s, (int, float)) and self.throughput_sample_s < 0:
-            raise ValueError(f"models.sim.throughput_sample_s must be >= 0 (0 = off), got {self.throughput_sample_s}")
-        if self.sweep_steps is not None and isinstance(self.sweep_steps, int) and self.sweep_steps < 2:
-            raise ValueError(f"models.sim.sweep_steps must be >= 2 (one warm-up + one measured), got {self.sweep_steps}")
+        # non-finite numbers are refused by the loader for every field (`pivotrl.config.loader`);
+        # these are the range checks, through the one `finite` predicate (`pivotrl.config.base`)
+        check(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1, "max_num_seqs", "an int >= 1",
+              self.max_num_seqs)
+        check(finite(self.memory_budget_gib) and self.memory_budget_gib > 0, "memory_budget_gib",
+              "a finite number > 0", self.memory_budget_gib)
+        check(finite(self.mem_util) and 0.0 < self.mem_util <= 1.0, "mem_util", "in (0, 1]", self.mem_util)
+        check(self.phase_switch in PHASE_SWITCHES, "phase_switch", " | ".join(PHASE_SWITCHES), self.phase_switch)
+        check(self.pivot_home in PIVOT_HOMES, "pivot_home", " | ".join(PIVOT_HOMES), self.pivot_home)
+        check(isinstance(self.sweep_units, int) and self.sweep_units >= 2, "sweep_units", "an int >= 2",
+              self.sweep_units)
+        check(finite(self.throughput_sample_s) and self.throughput_sample_s >= 0, "throughput_sample_s",
+              "a finite number >= 0 (0 = off)", self.throughput_sample_s)
+        check(self.sweep_steps is None or (isinstance(self.sweep_steps, int) and self.sweep_steps >= 2),
+              "sweep_steps", "null or an int >= 2 (one warm-up + one measured)", self.sweep_steps)

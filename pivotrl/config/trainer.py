@@ -1,16 +1,27 @@
 """`TrainerConfig`: every knob of the GRPO trainer (`pivotrl.engines.trainer`), with validation.
 
 Owns: field names, defaults, per-field docs and the checks that reject bad values with an error
-naming the field. Knows nothing about processes and does not import torch at import time (the
-loss registry, which needs torch, is read only when a config is validated), so Hydra composition
-and the pure control plane can import this module freely.
+naming the field, and the registries of the names `algo.advantage_estimator` and `algo.loss` may
+take (lazy targets in pivotrl/rl/advantages.py and pivotrl/rl/losses.py: the config knows the
+names and imports no layer above it, so validating a config never imports numpy or torch).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
 from pivotrl.config.base import ConfigError
-from pivotrl.rl.advantages import ADVANTAGE_ESTIMATORS
+from pivotrl.registry import Registry
+
+#: `algo.advantage_estimator` -> the estimator (imported on first use; `register_advantage` adds more).
+ADVANTAGE_ESTIMATORS: Registry = Registry("algo.advantage_estimator", {
+    "grpo": "pivotrl.rl.advantages:grpo_advantages",
+    "rloo": "pivotrl.rl.advantages:rloo_advantages",
+})
+#: `algo.loss` -> the policy loss (imported on first use; `register_policy_loss` adds more).
+POLICY_LOSSES: Registry = Registry("algo.loss", {"ppo_clip": "pivotrl.rl.losses:ppo_clip_loss"})
+#: `algo.loss_agg_mode` and `algo.kl_estimator` values (pivotrl/rl/losses.py implements them).
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+KL_ESTIMATORS = ("k1", "k2", "k3")
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
@@ -72,7 +83,7 @@ class TrainerConfig:
     adv_eps: float = 1e-6
     """Added to the group std before dividing, > 0."""
     loss: str = "ppo_clip"
-    """Registry key in `pivotrl.rl.losses.POLICY_LOSSES`."""
+    """Registry key in `POLICY_LOSSES` (pivotrl/rl/losses.py)."""
     loss_agg_mode: str = "token-mean"
     """How token losses become one scalar: token-mean (over all valid tokens of the whole batch,
     across micro-batches and ranks), seq-mean-token-mean or seq-mean-token-sum."""
@@ -144,8 +155,6 @@ class TrainerConfig:
 
     def validate(self) -> None:
         """Raise `ValueError` naming the first bad field and its allowed values."""
-        from pivotrl.rl.losses import KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
-
         def bad(name: str, allowed: str) -> None:
             raise ConfigError(name, allowed, getattr(self, name))
 

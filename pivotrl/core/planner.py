@@ -37,7 +37,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from pivotrl.config.planner import EVALUATIONS, PlannerConfig
+from pivotrl.config.planner import EVALUATIONS, PivotPlannerConfig
 from pivotrl.core.scheduler import ShiftAwareScheduler
 from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
 from pivotrl.core.whatif import WhatIf
@@ -302,7 +302,7 @@ def training_decision(view: ClusterView, replica_T: dict[Role, dict[str, float]]
 class PivotPlanner:
     """The five-step planner. `zero_one` swaps in the vanilla 0/1 throughput model."""
 
-    def __init__(self, cfg: PlannerConfig, migration: bool | None = None, zero_one: bool = False) -> None:
+    def __init__(self, cfg: PivotPlannerConfig, migration: bool | None = None, zero_one: bool = False) -> None:
         self.cfg = cfg
         self.migration = cfg.migration if migration is None else migration
         self.zero_one = zero_one

@@ -1,6 +1,7 @@
 """Shift strategies by name (DESIGN §4.3 ablations, paper Fig. 11): `pivot`, `static`, `rule`, `vanilla`.
 
-Owns the strategies and `make_strategy(cfg)`; their names are `pivotrl.config.planner.STRATEGIES`. Every strategy has a `migration` attribute:
+Owns the strategies and `make_strategy(cfg)`; their names are `pivotrl.config.planner.STRATEGIES`, and each
+has its own config schema (`pivotrl.config.planner.PLANNER_SCHEMAS`). Every strategy has a `migration` attribute:
 whether executors should run shift-up migration (Alg. 4) when they carry out its plans (vanilla:
 False whatever the config says). Every strategy has `decide(view) -> Decision`
 and shares step 1's training rule (a ready batch pulls training onto its home devices), so the
@@ -17,11 +18,11 @@ ablations differ only in how inference devices move:
   so a controller must start static from its base allocation, `initial_plans(...)` (the
   disaggregated split of the non-home devices). Strategies without `initial_plans` leave the start
   to the controller.
-* `rule`: KV utilisation. The inference role whose utilisation is above `rule_up_kv` (the higher
+* `rule`: KV utilisation. The inference role whose utilisation is above `up_kv` (the higher
   one if both; a role with work and no replica, or with a queue, counts as full) shifts up onto
   every slot whose devices are free or held by idle training, and onto slots held by replicas of
-  the other role if that role's utilisation is below `rule_down_kv`. The cold role gives up only
-  replicas it does not need: it keeps enough to hold its cached tokens under `rule_up_kv` (at least
+  the other role if that role's utilisation is below `down_kv`. The cold role gives up only
+  replicas it does not need: it keeps enough to hold its cached tokens under `up_kv` (at least
   one while it has work), least-loaded replicas go first. Without that floor the two roles
   ping-pong every tick (each shift leaves the loser with work and no replica, i.e. "full"). A lone
   shift down with nobody to take the devices would only idle them, so the rule shifts down only as
@@ -32,7 +33,9 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from pivotrl.config.planner import STRATEGIES, PlannerConfig
+from pivotrl.config.base import ConfigError
+from pivotrl.config.planner import (PLANNER_SCHEMAS, STRATEGIES, PivotPlannerConfig, PlannerConfig,
+                                    RulePlannerConfig, StaticPlannerConfig, VanillaPlannerConfig)
 from pivotrl.core.planner import (ClusterView, Decision, PivotPlanner, device_units, eq1_throughput, role_slots,
                                   training_decision)
 from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
@@ -82,7 +85,7 @@ def _plan(role: Role, ups: list[Slot], downs: set[Slot], view: ClusterView, rT) 
 class StaticStrategy:
     """Idle training devices only, split evenly between rollout and reward."""
 
-    def __init__(self, cfg: PlannerConfig) -> None:
+    def __init__(self, cfg: StaticPlannerConfig) -> None:
         self.cfg = cfg
         self.migration = cfg.migration
 
@@ -133,7 +136,7 @@ class StaticStrategy:
 class RuleStrategy:
     """KV-utilisation thresholds (see the module docstring)."""
 
-    def __init__(self, cfg: PlannerConfig) -> None:
+    def __init__(self, cfg: RulePlannerConfig) -> None:
         self.cfg = cfg
         self.migration = cfg.migration
 
@@ -150,16 +153,16 @@ class RuleStrategy:
         if train is not None:
             return train
         util = {r: self.utilisation(view, r) for r in INFERENCE_ROLES}
-        hot = [r for r in INFERENCE_ROLES if util[r] > self.cfg.rule_up_kv]
+        hot = [r for r in INFERENCE_ROLES if util[r] > self.cfg.up_kv]
         if not hot:
-            return Decision(view.now, None, t_now, [], None, f"rule: no role above {self.cfg.rule_up_kv} KV utilisation")
+            return Decision(view.now, None, t_now, [], None, f"rule: no role above {self.cfg.up_kv} KV utilisation")
         up = max(hot, key=lambda r: util[r])
         other = Role.REWARD if up == Role.ROLLOUT else Role.ROLLOUT
-        cold = util[other] < self.cfg.rule_down_kv
+        cold = util[other] < self.cfg.down_kv
         train_idle = view.train.holds_devices and not view.train.running and not view.train.batch_ready
 
         # the cold role gives up only the replicas it does not need: it keeps enough to hold its
-        # cached tokens below rule_up_kv (and at least one while it has work), so a shift never
+        # cached tokens below up_kv (and at least one while it has work), so a shift never
         # makes it hot in turn (no ping-pong)
         osched = view.schedulers[other]
         n_other = len(view.active.get(other, []))
@@ -167,7 +170,7 @@ class RuleStrategy:
         if cold and n_other:
             caps = [r.kv_capacity for r in osched.replicas.values()] or [1]
             used = sum(r.k for r in osched.replicas.values())
-            keep = math.ceil(used / (self.cfg.rule_up_kv * (sum(caps) / len(caps))))
+            keep = math.ceil(used / (self.cfg.up_kv * (sum(caps) / len(caps))))
             keep = max(keep, 1 if N[other] > 0 else 0)
             allowance = max(0, n_other - keep)
 
@@ -196,23 +199,28 @@ class RuleStrategy:
         ups.sort(key=lambda s: s.first_device)
         plan = _plan(up, ups, downs, view, rT)
         return Decision(view.now, up, t_now, [], plan,
-                        f"rule: {up.value} KV {util[up]:.2f} > {self.cfg.rule_up_kv}; {other.value} KV {util[other]:.2f}")
+                        f"rule: {up.value} KV {util[up]:.2f} > {self.cfg.up_kv}; {other.value} KV {util[other]:.2f}")
 
 
 class VanillaStrategy(PivotPlanner):
     """The pivot planner with a 0/1 throughput model and no migration."""
 
-    def __init__(self, cfg: PlannerConfig) -> None:
+    def __init__(self, cfg: VanillaPlannerConfig) -> None:
         super().__init__(cfg, migration=False, zero_one=True)
 
 
 class PivotStrategy(PivotPlanner):
-    def __init__(self, cfg: PlannerConfig) -> None:
+    def __init__(self, cfg: PivotPlannerConfig) -> None:
         super().__init__(cfg)
 
 
 def make_strategy(cfg: PlannerConfig) -> Strategy:
-    """Build the strategy `cfg.strategy` names (`pivotrl.config.planner.STRATEGIES`)."""
+    """Build the strategy `cfg.strategy` names (`pivotrl.config.planner.STRATEGIES`) from its own
+    schema (`PLANNER_SCHEMAS`: `planner_config(name, ...)`, or Hydra's `deploy/planner=<name>`)."""
+    schema = PLANNER_SCHEMAS[cfg.strategy]  # an unknown name: ConfigError naming the registered ones
+    if type(cfg) is not schema:
+        raise ConfigError("planner", f"a {schema.__name__} for strategy {cfg.strategy!r} "
+                          f"(pivotrl.config.planner.planner_config)", type(cfg).__name__, "deploy")
     return STRATEGIES.build(cfg.strategy, cfg)
 
 

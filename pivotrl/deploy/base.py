@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pivotrl.config.planner import PlannerConfig
+from pivotrl.config.planner import PivotPlannerConfig, PlannerConfig
 from pivotrl.core.scheduler import ShiftAwareScheduler
 from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import INFERENCE_ROLES, Role, Sequence, ShiftPlan, Slot
@@ -45,7 +45,7 @@ class ControlEnv:
     staleness: int
     allocation: dict[Role, int] = field(default_factory=dict)
     """Devices per role for static modes (rr_colocated: ROLLOUT is the shared pool), TRAIN for pivot."""
-    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    planner: PlannerConfig = field(default_factory=PivotPlannerConfig)
     kv_reserve: int = 0
     kv_capacity: dict[Role, int] = field(default_factory=dict)
     """The runtime's estimate of one new replica's KV capacity (tokens) per role, for planning."""

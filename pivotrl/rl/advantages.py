@@ -24,7 +24,7 @@ from typing import Callable, Hashable, Protocol, Sequence
 
 import numpy as np
 
-from pivotrl.registry import Registry
+from pivotrl.config.trainer import ADVANTAGE_ESTIMATORS
 
 
 class AdvantageEstimator(Protocol):
@@ -33,7 +33,7 @@ class AdvantageEstimator(Protocol):
     ) -> np.ndarray: ...
 
 
-ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("algo.advantage_estimator")
+# The registry is the config's (`pivotrl.config.trainer`: the names, with lazy targets here).
 
 
 def register_advantage(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
@@ -65,7 +65,6 @@ def _check_rewards(rewards: np.ndarray | Sequence[float]) -> np.ndarray:
     return r
 
 
-@register_advantage("grpo")
 def grpo_advantages(
     rewards: np.ndarray | Sequence[float],
     group_ids: Sequence[Hashable],
@@ -85,7 +84,6 @@ def grpo_advantages(
     return adv.astype(np.float32)
 
 
-@register_advantage("rloo")
 def rloo_advantages(
     rewards: np.ndarray | Sequence[float],
     group_ids: Sequence[Hashable],

@@ -4,9 +4,10 @@ Owns: how a (prompt, response) pair becomes the GenRM's chat messages (`JUDGE_TE
 `models.genrm.judge.template`), what the tiny GenRM's judgement looks like (`check: <equation>` then
 `score: <0..1>`), and turning GenRM output text into a score (`SCORE_PARSERS`, by name:
 `models.genrm.judge.parser`). Rendering the messages with the GenRM's own tokenizer and chat
-template is `judge_prompt` (through pivotrl/rl/chat.py). Imports only the standard library (the
-config validates names against these registries). Knows nothing about engines: callers generate
-the judgement text and hand it here.
+template is `judge_prompt` (through pivotrl/rl/chat.py). The registries themselves are the
+config's (`pivotrl.config.rl.JUDGE_TEMPLATES`, `SCORE_PARSERS`: names with lazy targets here), so
+the config validates names without importing this module. Knows nothing about engines: callers
+generate the judgement text and hand it here.
 
 Before any parser runs, `<think>...</think>` is stripped (everything up to the last `</think>`; a
 think block that never closes is a failure: the judge ran out of tokens before its verdict). Only
@@ -41,7 +42,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from pivotrl.registry import Registry
+from pivotrl.config.rl import JUDGE_TEMPLATES, SCORE_PARSERS
 
 log = logging.getLogger(__name__)
 
@@ -75,22 +76,20 @@ class JudgeTemplate:
 
 _RUBRIC = ("You are a strict grader of math solutions. Read the problem and the candidate solution, check "
            "the reasoning and the final answer step by step, then give your verdict.")
-JUDGE_TEMPLATES: Registry[JudgeTemplate] = Registry("models.genrm.judge.template", {
-    "tiny": JudgeTemplate(JUDGE_TEMPLATE, parser="score_line"),
-    "score_out_of_10": JudgeTemplate(
-        "Problem:\n{question}\n\nCandidate solution:\n{response}\n\nEvaluate the solution's correctness. "
-        "End with one line of the form 'Score: X/10', where X is an integer from 0 (wrong) to 10 (fully correct).",
-        parser="score_out_of_10", system=_RUBRIC),
-    "boxed": JudgeTemplate(
-        "Problem:\n{question}\n\nCandidate solution:\n{response}\n\nHow likely is the solution correct? "
-        "Put a number between 0 and 1 in \\boxed{{}} at the end, e.g. \\boxed{{0.8}}.",
-        parser="boxed", system=_RUBRIC),
-    "yes_no": JudgeTemplate(
-        "Problem:\n{question}\n\nCandidate solution:\n{response}\n\nIs the final answer correct? "
-        "Finish with 'Verdict: Yes' or 'Verdict: No'.",
-        parser="yes_no", system=_RUBRIC),
-})
-"""Judge prompt templates by name (`models.genrm.judge.template`)."""
+# The judge prompt templates; `pivotrl.config.rl.JUDGE_TEMPLATES` names them (`models.genrm.judge.template`).
+TINY_TEMPLATE = JudgeTemplate(JUDGE_TEMPLATE, parser="score_line")
+SCORE_OUT_OF_10_TEMPLATE = JudgeTemplate(
+    "Problem:\n{question}\n\nCandidate solution:\n{response}\n\nEvaluate the solution's correctness. "
+    "End with one line of the form 'Score: X/10', where X is an integer from 0 (wrong) to 10 (fully correct).",
+    parser="score_out_of_10", system=_RUBRIC)
+BOXED_TEMPLATE = JudgeTemplate(
+    "Problem:\n{question}\n\nCandidate solution:\n{response}\n\nHow likely is the solution correct? "
+    "Put a number between 0 and 1 in \\boxed{{}} at the end, e.g. \\boxed{{0.8}}.",
+    parser="boxed", system=_RUBRIC)
+YES_NO_TEMPLATE = JudgeTemplate(
+    "Problem:\n{question}\n\nCandidate solution:\n{response}\n\nIs the final answer correct? "
+    "Finish with 'Verdict: Yes' or 'Verdict: No'.",
+    parser="yes_no", system=_RUBRIC)
 
 
 def get_judge_template(name: str) -> JudgeTemplate:
@@ -175,7 +174,6 @@ PARSE_STATS = ParseStats()
 """Process-wide counter used when a caller passes no `stats`."""
 
 ScoreParser = Callable[[str], ParsedScore]
-SCORE_PARSERS: Registry[ScoreParser] = Registry("models.genrm.judge.parser")
 
 
 def register_score_parser(name: str) -> Callable[[ScoreParser], ScoreParser]:
@@ -212,7 +210,6 @@ def _score_lines(text: str) -> tuple[list[str], int]:
     return values, prefixed
 
 
-@register_score_parser("score_line")
 def parse_score_line(text: str) -> ParsedScore:
     """Strict: exactly one `score: x` line with x in [0, 1]."""
     values, prefixed = _score_lines(text)
@@ -225,7 +222,6 @@ def parse_score_line(text: str) -> ParsedScore:
     return _value(values[0])
 
 
-@register_score_parser("last_score_line")
 def parse_last_score_line(text: str) -> ParsedScore:
     """Lenient: the last score line whose value is a number in [0, 1]."""
     values, prefixed = _score_lines(text)
@@ -283,7 +279,6 @@ def _ranged(raw: str, scale: float) -> ParsedScore:
     return ParsedScore(v / scale, True)
 
 
-@register_score_parser("score_out_of_10")
 def parse_score_out_of_10(text: str) -> ParsedScore:
     """The last `Score: x/10`, x in [0, 10], scaled to [0, 1]."""
     found = _OUT_OF_10.findall(text)
@@ -292,14 +287,12 @@ def parse_score_out_of_10(text: str) -> ParsedScore:
     return _ranged(found[-1], 10.0)
 
 
-@register_score_parser("boxed")
 def parse_boxed(text: str) -> ParsedScore:
     """The last `\\boxed{x}`, x in [0, 1]."""
     found = _boxed_contents(text)
     return _ranged(found[-1], 1.0) if found else ParsedScore(0.0, False, "no \\boxed{}")
 
 
-@register_score_parser("boxed_10")
 def parse_boxed_10(text: str) -> ParsedScore:
     """The last `\\boxed{x}`, x in [0, 10], scaled to [0, 1]."""
     found = _boxed_contents(text)
@@ -312,7 +305,6 @@ _VERDICT = re.compile(r"(?:verdict|final answer|answer|judgement|judgment)\s*(?:
 _BARE = re.compile(r"^\W*(?P<word>yes|no|correct|incorrect)\W*$", re.IGNORECASE)
 
 
-@register_score_parser("yes_no")
 def parse_yes_no(text: str) -> ParsedScore:
     """The final verdict (module docstring): 1 for yes/correct, 0 for no/incorrect."""
     cands: list[tuple[int, str]] = [(m.start(), m.group("word")) for m in _VERDICT.finditer(text)]

@@ -28,10 +28,8 @@ from typing import Callable, Protocol
 
 import torch
 
-from pivotrl.registry import Registry
-
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+# The names (and the registry of losses) are the config's (`pivotrl.config.trainer`: lazy targets here).
+from pivotrl.config.trainer import KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
 
 
 def aggregate(
@@ -85,7 +83,6 @@ class PolicyLoss(Protocol):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
 
 
-POLICY_LOSSES: Registry[PolicyLoss] = Registry("algo.loss")
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
@@ -98,7 +95,6 @@ def get_policy_loss(name: str) -> PolicyLoss:
     return POLICY_LOSSES[name]
 
 
-@register_policy_loss("ppo_clip")
 def ppo_clip_loss(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,

@@ -9,15 +9,22 @@ Owns the one rule of where models and data come from, shared by every real runti
 - both null: the tiny models from the cached SFT bootstrap (`models.bootstrap`), on the synthetic
   task, unless `data.train_path`/`val_path` name the user's parquet, which is then used;
 - one set and one null is an error: a user's checkpoint is never silently replaced by a tiny one.
+
+Also the checks at start that the checkpoints can run as configured (`check_fit`,
+`check_trainer_fits`), and the memory of one real device (`device_memory_bytes`: the setting
+`cluster.device_memory_bytes` or the GPU's own, never the simulator's hardware profile).
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pivotrl.config.base import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -96,21 +103,42 @@ def preflight(cfg: Any) -> None:
         check_trainer_fits(cfg, ck["policy"].config, m.policy.name)
 
 
+def device_memory_bytes(cfg: Any) -> int | None:
+    """Memory of one real device, bytes (the one definition, `cluster.device_memory_bytes`): the
+    setting, else the GPU this process sees (device 0), else None (no GPU here: a Ray driver on a
+    CPU head). Never the simulator's `cluster.hardware.hbm_bytes`."""
+    if cfg.cluster.device_memory_bytes is not None:
+        return int(cfg.cluster.device_memory_bytes)
+    import torch
+
+    if torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    return None
+
+
 def check_trainer_fits(cfg: Any, hf_config: dict, name: str) -> None:
-    """On GPUs: one training rank of the policy on its home set must fit a device's memory with
-    the engines asleep (`engines.memory.check_fits`, issue 10's arithmetic), else stop at start
-    naming the model, the devices and the memory. CPU devices share host memory: not checked."""
+    """On GPUs: one training rank of the policy on its home set must fit a device's memory
+    (`device_memory_bytes`) with the engines asleep (`engines.memory.check_fits`, issue 10's
+    arithmetic), else stop at start naming the model, the devices and the memory. CPU devices
+    share host memory: not checked; nor is a GPU run whose driver sees no GPU and has no
+    `cluster.device_memory_bytes` (a warning says so)."""
     from pivotrl.config.resolve import resolve
     from pivotrl.engines.memory import ModelShape, check_fits
 
     r = resolve(cfg)
     if r.accelerator != "cuda":
         return
+    memory = device_memory_bytes(cfg)
+    if memory is None:
+        log.warning("cluster.device_memory_bytes is null and this process sees no GPU: the check that a "
+                    "training rank of %s fits its home devices is skipped (set cluster.device_memory_bytes "
+                    "to run it at start)", name)
+        return
     a, d = cfg.algo, cfg.data
     home = r.allocation.get("train") or r.num_devices
     tokens = a.micro_batch_tokens or a.micro_batch_size * (d.max_prompt_length + d.max_response_length)
     check_fits(ModelShape.from_hf_config(hf_config, name), devices=list(range(r.num_devices - home, r.num_devices)),
-               device_memory_bytes=int(cfg.cluster.hardware.hbm_bytes), micro_batch_tokens=int(tokens),
+               device_memory_bytes=memory, micro_batch_tokens=int(tokens),
                response_tokens=int(d.max_response_length), param_dtype=a.param_dtype,
                gradient_checkpointing=a.gradient_checkpointing, logprob_chunk_tokens=a.logprob_chunk_tokens)
 

@@ -35,25 +35,25 @@ def control_env(cfg: Any, r: Any, source: Any) -> Any:
         max_num_seqs={x: int(cfg.engine.max_num_seqs) for x in INFERENCE_ROLES})
 
 
-def check_kv_capacity(cfg: Any) -> None:
+def check_kv_capacity(cfg: Any, judge_room: int) -> None:
     """Refuse an engine KV budget that cannot hold one request of each role: a sequence that fits
     no replica would wait forever. The policy's longest request is a prompt plus its response cap;
-    the GenRM's is its judge prompt (prompt, response and template room) plus its output cap. Only
+    the GenRM's is its judge prompt (prompt, response and `judge_room`, the judge template's tokens
+    measured with the GenRM's tokenizer: `samples.judge_template_tokens`) plus its output cap. Only
     the project's CPU engine has a configured budget (`engine.kv_capacity_tokens`); vLLM sizes its
     cache from device memory and reports it."""
     from pivotrl.config.base import ConfigError
-    from pivotrl.runtime.samples import JUDGE_TEMPLATE_ROOM
 
     if cfg.engine.name != "cpu":
         return
     d, j, cap = cfg.data, cfg.models.genrm.judge, int(cfg.engine.kv_capacity_tokens)
     policy = int(d.max_prompt_length) + int(d.max_response_length)
-    judge = policy + JUDGE_TEMPLATE_ROOM + int(j.max_tokens)
+    judge = policy + int(judge_room) + int(j.max_tokens)
     need = {"rollout": (policy, f"data.max_prompt_length={d.max_prompt_length} + data.max_response_length="
                                 f"{d.max_response_length} = {policy} tokens"),
             "reward": (judge, f"its judge prompt (data.max_prompt_length + data.max_response_length + "
-                              f"{JUDGE_TEMPLATE_ROOM} template tokens) + models.genrm.judge.max_tokens="
-                              f"{j.max_tokens} = {judge} tokens")}
+                              f"{judge_room} tokens of the judge template {j.template!r}, measured with the "
+                              f"GenRM's tokenizer) + models.genrm.judge.max_tokens={j.max_tokens} = {judge} tokens")}
     for role, (n, why) in need.items():
         if cap < n:
             raise ConfigError("kv_capacity_tokens", f">= {max(policy, judge)}: one {role} request needs {why}, "
@@ -90,7 +90,6 @@ def run_real(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
     from pivotrl.runtime.validation import val_accuracy
 
     r = resolve(cfg)
-    check_kv_capacity(cfg)  # before any asset is loaded or Ray starts
     check_tensor_parallel(cfg)
     progress = bool(cfg.logging.progress)
     torch.set_num_threads(1)
@@ -99,6 +98,7 @@ def run_real(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
     val = load_val_examples(assets.val_path, cfg.data.val_size)
     samples = Samples(cfg, tok, genrm_tok, load_examples(assets.train_path), r.prompts_per_step, r.group_size,
                       r.max_response)
+    check_kv_capacity(cfg, samples.judge_room)  # the judge template measured; before Ray starts
     from pivotrl.logging.teardown import close_all
 
     launch = Launch(cfg, r, assets.policy_path, assets.genrm_path, run_dir)

@@ -6,8 +6,9 @@ to training examples (`LocalPrompts`, the controller's `PromptSource`), how each
 is built (sampling settings: `algo.rollout_temperature` and `data.max_response_length` for the
 policy, `models.genrm.judge` for the GenRM), the judge prompt of a finished response (rendered by
 the GenRM's own tokenizer and chat template, `models.genrm.chat`), the reward of a judgement, and
-the train batch of a list of samples. Policy and GenRM are separate models end to end: each
-decodes its own tokens. Knows nothing about devices or Ray.
+the train batch of a list of samples, and how many tokens the judge template adds to a prompt
+(`judge_template_tokens`, measured at start with the GenRM's tokenizer). Policy and GenRM are
+separate models end to end: each decodes its own tokens. Knows nothing about devices or Ray.
 """
 from __future__ import annotations
 
@@ -17,9 +18,15 @@ from typing import Any
 from pivotrl.core.types import Role
 from pivotrl.runtime.ledger import Tokens
 
-#: Tokens a judge prompt needs beyond the user prompt and the response (the tiny judge template;
-#: a rubric template with a system prompt needs more): the lower bound `check_kv_capacity` uses.
-JUDGE_TEMPLATE_ROOM = 64
+def judge_template_tokens(genrm_tok: Any, judge: Any, chat: Any) -> int:
+    """Tokens a judge prompt adds to its question and response, measured: the GenRM's own
+    rendering (`judge_prompt`: its chat template, system prompt and the chosen judge template's
+    text) of an empty question and an empty response, in its tokenizer. A judge request is then at
+    most question + response + this + `models.genrm.judge.max_tokens` (exact for a tokenizer
+    without merges across the fields, the tiny models'; within a few tokens for BPE ones)."""
+    from pivotrl.rl.genrm import judge_prompt
+
+    return len(judge_prompt(genrm_tok, [{"role": "user", "content": ""}], "", judge, chat))
 
 
 @dataclass
@@ -63,6 +70,8 @@ class Samples:
         self.prompt_ids = [self.encode(e.prompt) for e in train_examples]
         self.source = LocalPrompts(self.prompt_ids, self.P)
         self.reward_fn = RewardFunction(cfg.reward, judge=self.judge)
+        self.judge_room = judge_template_tokens(genrm_tok, self.judge, cfg.models.genrm.chat)
+        """Tokens of the judge template around a question and a response (`judge_template_tokens`)."""
 
     def encode(self, messages: list[dict[str, str]]) -> list[int]:
         """The policy's prompt ids (`models.policy.chat`), at most `data.max_prompt_length`."""

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pivotrl.bench.planner import synthetic_view
-from pivotrl.config.planner import PlannerConfig
+from pivotrl.config.planner import PivotPlannerConfig
 from pivotrl.core.planner import (ClusterView, PivotPlanner, TrainView, eq1_throughput, role_demand,
                                   role_slots, shift_pairs)
 from pivotrl.core.scheduler import ShiftAwareScheduler
@@ -48,7 +48,7 @@ def view(num=8, ro=(), rm=(), ro_tp=1, rm_tp=4, n_ro=0, n_rm=0, home=(), train="
 
 
 def planner(**kw):
-    return PivotPlanner(PlannerConfig(**kw))
+    return PivotPlanner(PivotPlannerConfig(**kw))
 
 
 def test_eq1_and_demand_never_nan():
@@ -160,7 +160,7 @@ def test_bad_view_errors():
     with pytest.raises(ValueError, match="owner"):
         planner().decide(dataclasses.replace(v, owner=v.owner[:5]))
     with pytest.raises(ValueError, match="evaluation"):
-        PlannerConfig(evaluation="guess")
+        PivotPlannerConfig(evaluation="guess")
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

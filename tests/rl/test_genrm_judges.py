@@ -130,15 +130,49 @@ def test_every_template_asks_for_its_parser():
 
 
 @pytest.mark.parametrize("kw,match", [
-    ({"template": "nope"}, r"models.genrm.judge.template='nope' is invalid; allowed: boxed \| "),
-    ({"parser": "nope"}, r"models.genrm.judge.parser='nope' is invalid; allowed: boxed \| "),
-    ({"max_tokens": 0}, "models.genrm.judge.max_tokens must be >= 1"),
-    ({"temperature": float("nan")}, "models.genrm.judge.temperature"),
-    ({"top_p": 0}, "models.genrm.judge.top_p"),
+    ({"template": "nope"}, r"^models\.genrm\.judge\.template='nope' is invalid; allowed: boxed \| "),
+    ({"parser": "nope"}, r"^models\.genrm\.judge\.parser='nope' is invalid; allowed: boxed \| "),
+    ({"max_tokens": 0}, r"^max_tokens=0 is invalid; allowed: an int >= 1"),
+    ({"temperature": float("nan")}, r"^temperature=nan is invalid; allowed: a finite number >= 0"),
+    ({"top_p": 0}, r"^top_p=0 is invalid; allowed: in \(0, 1\]"),
 ])
 def test_judge_config_refuses_bad_values(kw, match):
-    with pytest.raises(ValueError, match=match):
+    from pivotrl.config.base import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
         JudgeConfig(**kw)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("models.genrm.judge.parser=nope", "models.genrm.judge.parser='nope' is invalid; allowed: boxed | boxed_10 | "
+     "last_score_line | score_line | score_out_of_10 | yes_no"),
+    ("models.genrm.judge.max_tokens=0", "models.genrm.judge.max_tokens=0 is invalid; allowed: an int >= 1"),
+    ("models.genrm.judge.top_p=1.5", "models.genrm.judge.top_p=1.5 is invalid; allowed: in (0, 1]"),
+])
+def test_judge_errors_name_the_full_path_once(override, message):
+    from pivotrl.config import compose_config
+    from pivotrl.config.base import ConfigError
+
+    with pytest.raises(ConfigError) as ei:
+        compose_config([override])
+    assert str(ei.value) == message
+
+
+def test_the_config_names_the_judge_without_importing_it():
+    """`pivotrl.config` holds the judge's names with lazy targets here; validating a config imports
+    no rl module (checked in a fresh interpreter), and every name reaches this module's object."""
+    import subprocess
+    import sys
+
+    import pivotrl.rl.genrm as genrm
+    from pivotrl.config.rl import SCORE_PARSERS
+
+    code = ("import sys; from pivotrl.config import compose_config; compose_config(['cluster=sim']); "
+            "print(sorted(m for m in sys.modules if m.startswith('pivotrl.rl') or m in ('torch', 'numpy')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    assert genrm.JUDGE_TEMPLATES["boxed"] is genrm.BOXED_TEMPLATE and SCORE_PARSERS is genrm.SCORE_PARSERS
+    assert SCORE_PARSERS["yes_no"] is genrm.parse_yes_no
 
 
 def test_default_judge_fits_a_reasoning_judge():

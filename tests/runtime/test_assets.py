@@ -60,12 +60,62 @@ def test_a_policy_that_cannot_train_on_its_home_set_stops_at_start():
     qwen7b = {"num_hidden_layers": 28, "hidden_size": 3584, "intermediate_size": 18944, "vocab_size": 152064,
               "num_attention_heads": 28, "num_key_value_heads": 4, "head_dim": 128, "model_type": "qwen2"}
     cfg = compose_config(["cluster=ray", "models=qwen7b_qwen30b", "cluster.num_devices=8",
-                          "cluster.hardware.hbm_bytes=24e9", "algo.param_dtype=float32",
+                          "cluster.device_memory_bytes=24e9", "algo.param_dtype=float32",
                           "algo.gradient_checkpointing=false", "deploy.allocation.train=1"])
     with pytest.raises(ModelDoesNotFitError, match=r"Qwen2.5-7B.*does not fit its home devices \[7\].*each device has 22\.4 GiB"):
         check_trainer_fits(cfg, qwen7b, cfg.models.policy.name)
-    ok = compose_config(["cluster=ray", "models=qwen7b_qwen30b"])  # the paper's 8 x 96 GB home set, algo=grpo
+    # the paper's 8 x 96 GB home set, algo=grpo
+    ok = compose_config(["cluster=ray", "models=qwen7b_qwen30b", "cluster.device_memory_bytes=96e9"])
     check_trainer_fits(ok, qwen7b, ok.models.policy.name)
+
+
+QWEN7B = {"num_hidden_layers": 28, "hidden_size": 3584, "intermediate_size": 18944, "vocab_size": 152064,
+          "num_attention_heads": 28, "num_key_value_heads": 4, "head_dim": 128, "model_type": "qwen2"}
+TOO_BIG = ["cluster=ray", "models=qwen7b_qwen30b", "cluster.num_devices=8", "algo.param_dtype=float32",
+           "algo.gradient_checkpointing=false", "deploy.allocation.train=1"]
+
+
+def test_real_device_memory_is_never_the_simulators_hardware_profile(monkeypatch, caplog):
+    """Issue 9: the fit check read `cluster.hardware.hbm_bytes` (the simulated H20's 96 GB) as the
+    real GPU's memory. Now: `cluster.device_memory_bytes`, else the GPU this process sees, else
+    the check is skipped with a warning naming the setting."""
+    import logging
+
+    import torch
+
+    from pivotrl.engines.memory import ModelDoesNotFitError
+    from pivotrl.runtime.assets import check_trainer_fits, device_memory_bytes
+
+    # the simulated accelerator's memory does not reach the real check, however small
+    tiny_sim = compose_config([*TOO_BIG, "cluster.hardware.hbm_bytes=1e9"])
+    assert device_memory_bytes(tiny_sim) == (torch.cuda.get_device_properties(0).total_memory
+                                             if torch.cuda.is_available() else None)
+    if not torch.cuda.is_available():  # this machine: no GPU, no setting -> skipped, and said so
+        with caplog.at_level(logging.WARNING, logger="pivotrl.runtime.assets"):
+            check_trainer_fits(tiny_sim, QWEN7B, tiny_sim.models.policy.name)
+        assert "cluster.device_memory_bytes is null and this process sees no GPU" in caplog.text
+    # a GPU the driver sees: its own memory (24 GB here) is what the check uses
+    class Props:
+        total_memory = 24 * 10**9
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props())
+    assert device_memory_bytes(tiny_sim) == 24 * 10**9
+    with pytest.raises(ModelDoesNotFitError, match=r"each device has 22\.4 GiB"):
+        check_trainer_fits(tiny_sim, QWEN7B, tiny_sim.models.policy.name)
+    # the setting wins over the GPU's own
+    big = compose_config([*TOO_BIG, "cluster.device_memory_bytes=400e9"])  # its 298.7 GiB peak fits
+    assert device_memory_bytes(big) == 400 * 10**9
+    check_trainer_fits(big, QWEN7B, big.models.policy.name)
+    # CPU devices share host memory: never checked
+    cpu = compose_config([*TOO_BIG, "cluster.accelerator=cpu", "cluster.device_memory_bytes=1e9"])
+    check_trainer_fits(cpu, QWEN7B, cpu.models.policy.name)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "inf"])
+def test_device_memory_bytes_must_be_positive_and_finite(value):
+    with pytest.raises(ConfigError, match=r"^cluster\.device_memory_bytes="):
+        compose_config([f"cluster.device_memory_bytes={value}"])
 
 
 def test_tiny_models_train_on_the_users_data_when_given(tiny_assets, monkeypatch):

@@ -36,23 +36,29 @@ def test_start_error_is_raised_and_the_teardown_error_logged(monkeypatch, tiny_a
     assert "shutting down the devices and Ray failed after an earlier error" in caplog.text
 
 
-@pytest.mark.parametrize("kv, role", [(1, "rollout"), (139, "rollout"), (140, "reward"), (235, "reward")])
-def test_kv_capacity_below_one_request_is_refused_before_ray(kv, role, tmp_path):
+#: The tiny judge template's tokens in the tiny GenRM's (character-level) tokenizer, rendered by its
+#: chat template: '<|user|>' 'Q: \nA: \nCheck A.' (16 characters) '<|eos|>' '<|assistant|>'.
+TINY_JUDGE_ROOM = 3 + 16
+
+
+@pytest.mark.parametrize("kv, role", [(1, "rollout"), (139, "rollout"), (140, "reward"),
+                                      (140 + TINY_JUDGE_ROOM + 32 - 1, "reward")])
+def test_kv_capacity_below_one_request_is_refused_before_ray(kv, role, tiny_assets, tmp_path):
     """A KV budget below one prompt plus its response cap (rollout: 128 + 12) or below one judge
-    request (140 + 64 + models.genrm.judge.max_tokens=32 = 236) would queue that sequence forever."""
+    request (140 + the judge template's 19 measured tokens + models.genrm.judge.max_tokens=32 =
+    191) would queue that sequence forever."""
     import ray
 
     from pivotrl.config.base import ConfigError
     from pivotrl.runtime.real import run_real
 
-    fake = {k: tmp_path / k for k in ("policy", "genrm", "train", "val")}
-    cfg = make_local_cfg(fake, "pivot", [f"engine.kv_capacity_tokens={kv}"])
+    cfg = make_local_cfg(tiny_assets, "pivot", [f"engine.kv_capacity_tokens={kv}"])
     with pytest.raises(ConfigError) as ei:
         run_real(cfg, tmp_path, None)
     msg = str(ei.value)
-    assert msg.startswith(f"engine.kv_capacity_tokens={kv} is invalid; allowed: >= 236")
+    assert msg.startswith(f"engine.kv_capacity_tokens={kv} is invalid; allowed: >= {140 + TINY_JUDGE_ROOM + 32}")
     assert f"one {role} request needs" in msg
-    assert ("= 140 tokens" if role == "rollout" else "= 236 tokens") in msg
+    assert ("= 140 tokens" if role == "rollout" else f"{TINY_JUDGE_ROOM} tokens of the judge template 'tiny'") in msg
     assert not ray.is_initialized()
 
 
@@ -60,8 +66,29 @@ def test_kv_capacity_of_exactly_one_judge_request_passes_the_check():
     from pivotrl.runtime.real import check_kv_capacity
 
     cfg = make_local_cfg({k: k for k in ("policy", "genrm", "train", "val")}, "pivot",
-                         ["engine.kv_capacity_tokens=236"])
-    check_kv_capacity(cfg)
+                         [f"engine.kv_capacity_tokens={140 + TINY_JUDGE_ROOM + 32}"])
+    check_kv_capacity(cfg, TINY_JUDGE_ROOM)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["models.genrm.chat.system_prompt=" + "Grade strictly. " * 20],  # a long system prompt: 320 characters
+    ["models.genrm.judge.template=score_out_of_10", "models.genrm.judge.parser=score_out_of_10"],  # a rubric
+])
+def test_a_long_judge_template_is_caught_before_ray(overrides, tiny_assets, tmp_path):
+    """Issue 9: the judge's room was a guessed 64 tokens, so a budget of 140 + 64 + 32 = 236 passed
+    whatever the template; a rubric or a long system prompt is hundreds of tokens. The room is now
+    measured with the GenRM's tokenizer at start."""
+    import ray
+
+    from pivotrl.config.base import ConfigError
+    from pivotrl.runtime.real import run_real
+
+    cfg = make_local_cfg(tiny_assets, "pivot", ["engine.kv_capacity_tokens=236", *overrides])
+    with pytest.raises(ConfigError) as ei:
+        run_real(cfg, tmp_path, None)
+    msg = str(ei.value)
+    need = int(msg.split("allowed: >= ")[1].split(":")[0])
+    assert need > 140 + 300 + 32 and "one reward request needs" in msg and not ray.is_initialized()
 
 
 def test_a_replica_of_several_devices_needs_the_vllm_engine(tmp_path):

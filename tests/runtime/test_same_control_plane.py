@@ -34,7 +34,7 @@ def test_controllers_events_and_loop_are_the_simulators():
 
 
 def test_controller_built_by_local_uses_core_scheduler_and_strategy():
-    from pivotrl.config.planner import PlannerConfig
+    from pivotrl.config.planner import PivotPlannerConfig
     from pivotrl.core.types import Role
     from pivotrl.deploy.base import ControlEnv
 
@@ -45,7 +45,7 @@ def test_controller_built_by_local_uses_core_scheduler_and_strategy():
     env = ControlEnv(num_devices=4, node_size=8, tp={Role.ROLLOUT: 1, Role.REWARD: 1},
                      models={r: real.PRIOR_MODEL for r in (Role.ROLLOUT, Role.REWARD)},
                      tau_shift={r: 1.0 for r in Role}, prompts=Prompts(), prompts_per_step=1, group_size=1,
-                     steps=1, staleness=2, allocation={Role.TRAIN: 1}, planner=PlannerConfig())
+                     steps=1, staleness=2, allocation={Role.TRAIN: 1}, planner=PivotPlannerConfig())
     ctrl = deploy.make_controller("pivot", env)
     assert all(type(s) is core_scheduler.ShiftAwareScheduler for s in ctrl.sched.values())
     assert type(ctrl.strategy) is core_strategies.STRATEGIES["pivot"]
