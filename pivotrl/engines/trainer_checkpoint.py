@@ -114,9 +114,11 @@ class Checkpointer:
             raise CheckpointError(job.path, [f"{type(err).__name__}: {err}"]) from err
         return str(job.path)
 
-    def start(self, w: Any, path: Path, extra: dict[str, Any] | None = None) -> None:
+    def start(self, w: Any, path: Path, extra: dict[str, Any] | None = None, *, stage: bool = True) -> None:
         """Begin writing a checkpoint of worker `w` into the (empty, new or stale) folder `path`.
-        Collective. Waits for the previous save first (and raises its failure instead of starting)."""
+        Collective. Waits for the previous save first (and raises its failure instead of starting).
+        `stage=False` (for a caller that waits at once) writes the shards from the live tensors,
+        before returning, instead of copying them to host memory first: no copy, same files."""
         self.wait()
         extra_text = json.dumps(extra or {}, indent=2)  # bad input fails here, before any write
         state_text = json.dumps(w.state(), indent=2)
@@ -130,17 +132,30 @@ class Checkpointer:
         model_sd, optim_sd = get_state_dict(w.model, w.optimizer)
         # Written before the shards: DCP's collective finish then implies every rank's RNG is on disk.
         _write_rng(path, w.rank, _rng_state(w.device))
-        # Returns once the state is staged (copied to fresh host memory); a stale folder is overwritten.
-        upload = dcp.async_save({"model": model_sd, "optim": optim_sd},
-                                storage_writer=dcp.FileSystemWriter(str(path / "dcp"), overwrite=True),
-                                process_group=self._group)
-        del model_sd, optim_sd
+        state = {"model": model_sd, "optim": optim_sd}
+        writer = dcp.FileSystemWriter(str(path / "dcp"), overwrite=True)  # a stale folder is overwritten
+        if stage:  # returns once the state is copied to fresh host memory; DCP's thread writes it
+            upload = dcp.async_save(state, storage_writer=writer, process_group=self._group)
+        else:
+            upload = Future()
+            try:
+                upload.set_result(dcp.save(state, storage_writer=writer, process_group=self._group))
+            except Exception as e:  # noqa: BLE001 - reported by the finisher, like a background failure
+                upload.set_exception(e)
+        del state, model_sd, optim_sd
         job = _Finish(path=path, rank=w.rank, group=self._group, upload=upload, extra_text=extra_text,
                       state_text=state_text, model_path=w.model_path, hf_config=w.hf_config)
         self._inflight = _InFlight(path, self._finisher.submit(job.run), time.monotonic())
 
-    def close(self) -> None:
-        """Wait for the save in flight (raising its failure) and release the background group."""
+    def close(self, wait: bool = True) -> None:
+        """Wait for the save in flight (raising its failure), then release the background group.
+        `wait=False` (a peer rank died: the write's collectives could only time out) returns at
+        once and leaves the group to the caller's `destroy_process_group()`; the abandoned write
+        never gets its `trainer_state.json` unless every rank had already finished its part."""
+        if not wait:
+            self._inflight = None
+            self._finisher.shutdown(wait=False)
+            return
         try:
             self.wait()
         finally:

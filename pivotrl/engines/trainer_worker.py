@@ -444,7 +444,8 @@ class TrainerWorker:
         """Copy every device storage of params, grads and optimizer state to host memory (pinned
         on CUDA, buffers reused from the last offload), free the device storages (resize to 0
         bytes), drop FSDP's gathered copies, and empty the CUDA allocator's cache, ahead of a
-        role shift. Metrics: bytes, seconds, host buffers newly allocated, cache emptied (0/1)."""
+        role shift. Metrics: bytes, seconds, host buffers newly allocated, cache emptied (0/1).
+        A checkpoint write in flight goes on: it reads only its own staged host copy."""
         if self._offloaded is not None:
             return {"offloaded_bytes": 0.0, "offload_s": 0.0, "host_allocations": 0.0, "cache_emptied": 0.0}
         t0 = time.perf_counter()
@@ -508,7 +509,7 @@ class TrainerWorker:
         host memory: the write goes on in the background, while `step`, `offload` and the rest
         run (they do not change what is written); `wait_checkpoint` ends it."""
         self._require_loaded("save_checkpoint")
-        self._checkpoints.start(self, Path(path), extra)
+        self._checkpoints.start(self, Path(path), extra, stage=not blocking)
         return self._checkpoints.wait() if blocking else None
 
     def wait_checkpoint(self, timeout_s: float | None = None) -> str | None:
@@ -529,7 +530,9 @@ class TrainerWorker:
         self._checkpoints.wait()
         return trainer_checkpoint.load(self, Path(path))
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         """Finish the save in flight (raising its failure) and release the checkpoint process
-        group. Call before destroying the default process group; the worker is unusable after."""
-        self._checkpoints.close()
+        group; call it before destroying the default process group (that would break the write).
+        `wait=False` when a peer rank died: return at once, abandoning an unfinished write (it is
+        never marked complete). The worker takes no checkpoint calls after."""
+        self._checkpoints.close(wait)

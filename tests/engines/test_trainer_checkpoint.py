@@ -286,3 +286,17 @@ def test_bad_extra_fails_before_writing_and_a_stale_folder_stops_being_complete(
         finally:
             held.restore()
         assert json.loads((old / "extra.json").read_text()) == {"cursor": 1} and latest_checkpoint(tmp_path) == old
+
+
+def test_close_without_waiting_returns_while_the_write_is_held(model_path, tmp_path):
+    with Trainer(_cfg(), model_path) as tr:
+        tr.step(_batch(1))
+        held = _HeldWrites()
+        try:
+            tr.worker.save_checkpoint(checkpoint_dir(tmp_path, 1), blocking=False)
+            t0 = time.perf_counter()
+            tr.worker.close(wait=False)  # a peer died: nothing to wait for
+            assert time.perf_counter() - t0 < 5 and tr.worker.checkpoint_pending() is None
+            assert not (checkpoint_dir(tmp_path, 1) / "trainer_state.json").exists()
+        finally:
+            held.restore()

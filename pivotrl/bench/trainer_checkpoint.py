@@ -1,0 +1,116 @@
+"""Trainer checkpoints on CPU: how long a save holds the training step, blocking vs asynchronous.
+
+`python -m pivotrl.bench trainer_checkpoint [--json PATH] [--repeats 3] [--sizes tiny,small]`.
+
+One rank hosted in this process (FSDP2 over a 1-rank gloo group), AdamW state present (one warm-up
+step). Per model size and mode, `--repeats` rounds of "save, then the next training step":
+- `blocking`: `save_checkpoint(path)`; the step waits for the whole write (what the runtime did).
+- `async`: `save_checkpoint(path, blocking=False)` returns once the state is staged in host memory;
+  the next step runs while the write goes on; `wait_checkpoint()` after it ends the round.
+Columns: `blocks_step_s`, the seconds the save call held the caller (the critical path);
+`step_s`, the training step right after (during the write, for async: on a 2-core machine the
+write competes with it for the cores); `wait_after_step_s`, what was left of the write when that
+step ended; `write_total_s`, start of the save to a complete checkpoint; `step_alone_s`, a step
+with no write in flight, for comparison; `checkpoint_mib`, bytes on disk.
+"""
+from __future__ import annotations
+
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pivotrl.bench.common import parser, print_table, write_json
+
+#: model sizes (TinyModelConfig overrides): the tests' tiny policy and a 21M-parameter one
+SIZES = {
+    "tiny": dict(),
+    "small": dict(hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=1536,
+                  vocab_size=8192, tie_word_embeddings=False),
+}
+
+
+def _batch(n: int, seed: int, version: int):
+    """`n` random sequences (16-32 prompt, 8-32 response tokens, ids < 100) at `version`."""
+    import random
+
+    from pivotrl.engines.train_batch import TrainBatch
+
+    rng = random.Random(seed)
+    return TrainBatch(
+        prompt_ids=[[rng.randrange(4, 100) for _ in range(rng.randint(16, 32))] for _ in range(n)],
+        response_ids=[[rng.randrange(4, 100) for _ in range(rng.randint(8, 32))] for _ in range(n)],
+        versions=[version] * n, rewards=[rng.random() for _ in range(n)], group_ids=[i // 8 for i in range(n)])
+
+
+def _folder_mib(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
+def rows_for(size: str, repeats: int, work: Path) -> list[dict]:
+    import torch
+
+    from pivotrl.config.rl import TinyModelConfig
+    from pivotrl.config.trainer import TrainerConfig
+    from pivotrl.engines.trainer import Trainer
+    from pivotrl.models.tiny import create_tiny_model
+
+    torch.set_num_threads(1)
+    model = create_tiny_model(work / f"policy_{size}", TinyModelConfig(**SIZES[size]), seed=0)
+    cfg = TrainerConfig(micro_batch_size=16, lr=1e-4, num_threads=1, device="cpu", staleness=1000)
+    rows = []
+    with Trainer(cfg, model) as tr:
+        w = tr.worker
+        tr.step(_batch(16, 0, tr.version))  # AdamW moments exist from here on
+        alone = []
+        for k in range(repeats):
+            t = time.perf_counter()
+            tr.step(_batch(16, 100 + k, tr.version))
+            alone.append(time.perf_counter() - t)
+        for mode in ("blocking", "async"):
+            blocks, steps, waits, totals, mib = [], [], [], [], 0.0
+            for k in range(repeats):
+                path = work / f"{size}_{mode}_{k}"
+                t0 = time.perf_counter()
+                w.save_checkpoint(path, {"round": k}, blocking=mode == "blocking")
+                t1 = time.perf_counter()
+                tr.step(_batch(16, 200 + k, tr.version))
+                t2 = time.perf_counter()
+                w.wait_checkpoint()
+                t3 = time.perf_counter()
+                blocks.append(t1 - t0)
+                steps.append(t2 - t1)
+                waits.append(t3 - t2)
+                totals.append((t1 - t0) if mode == "blocking" else (t3 - t0))
+                mib = _folder_mib(path)
+                shutil.rmtree(path)
+            rows.append({"model": size, "mode": mode, "blocks_step_s": statistics.median(blocks),
+                         "step_s": statistics.median(steps), "wait_after_step_s": statistics.median(waits),
+                         "write_total_s": statistics.median(totals), "step_alone_s": statistics.median(alone),
+                         "checkpoint_mib": mib, "repeats": repeats})
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    p = parser("trainer checkpoint: blocking vs asynchronous save (1 rank, CPU)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--sizes", default="tiny,small", help=f"comma-separated, of {sorted(SIZES)}")
+    a = p.parse_args(argv)
+    sizes = [s for s in a.sizes.split(",") if s]
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown or a.repeats < 1:
+        p.error(f"--sizes must be of {sorted(SIZES)} (got {unknown}) and --repeats >= 1 (got {a.repeats})")
+    work = Path(tempfile.mkdtemp(prefix="pivotrl-bench-ckpt-"))
+    try:
+        rows = [r for s in sizes for r in rows_for(s, a.repeats, work)]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print_table(rows, "trainer checkpoint: seconds a save holds the training step (median of repeats)")
+    write_json(a.json, "trainer_checkpoint", rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
