@@ -3,15 +3,17 @@
 `python -m pivotrl.bench trainer_checkpoint [--json PATH] [--repeats 3] [--sizes tiny,small]`.
 
 One rank hosted in this process (FSDP2 over a 1-rank gloo group), AdamW state present (one warm-up
-step). Per model size and mode, `--repeats` rounds of "save, then the next training step":
+step). Per model size, `--repeats` rounds, each running every mode once (interleaved, so a busy spell on
+the shared machine hits all modes) as "save, then the next training step":
+- `none`: no save, the step alone, for comparison;
 - `blocking`: `save_checkpoint(path)`; the step waits for the whole write (what the runtime did).
 - `async`: `save_checkpoint(path, blocking=False)` returns once the state is staged in host memory;
   the next step runs while the write goes on; `wait_checkpoint()` after it ends the round.
 Columns: `blocks_step_s`, the seconds the save call held the caller (the critical path);
 `step_s`, the training step right after (during the write, for async: on a 2-core machine the
 write competes with it for the cores); `wait_after_step_s`, what was left of the write when that
-step ended; `write_total_s`, start of the save to a complete checkpoint; `step_alone_s`, a step
-with no write in flight, for comparison; `checkpoint_mib`, bytes on disk.
+step ended; `write_total_s`, start of the save to a complete checkpoint; `checkpoint_mib`, bytes
+on disk. Medians over the rounds.
 """
 from __future__ import annotations
 
@@ -30,6 +32,10 @@ SIZES = {
     "small": dict(hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=1536,
                   vocab_size=8192, tie_word_embeddings=False),
 }
+
+
+#: "none": the step alone (no save), for comparison
+MODES = ("none", "blocking", "async")
 
 
 def _batch(n: int, seed: int, version: int):
@@ -64,32 +70,33 @@ def rows_for(size: str, repeats: int, work: Path) -> list[dict]:
     with Trainer(cfg, model) as tr:
         w = tr.worker
         tr.step(_batch(16, 0, tr.version))  # AdamW moments exist from here on
-        alone = []
-        for k in range(repeats):
-            t = time.perf_counter()
-            tr.step(_batch(16, 100 + k, tr.version))
-            alone.append(time.perf_counter() - t)
-        for mode in ("blocking", "async"):
-            blocks, steps, waits, totals, mib = [], [], [], [], 0.0
-            for k in range(repeats):
+        per: dict[str, dict[str, list[float]]] = {m: {"blocks": [], "steps": [], "waits": [], "totals": []}
+                                                  for m in MODES}
+        mib: dict[str, float] = {m: 0.0 for m in MODES}
+        for k in range(repeats):  # modes interleaved, so a busy spell on the machine hits both
+            for mode in MODES:
                 path = work / f"{size}_{mode}_{k}"
                 t0 = time.perf_counter()
-                w.save_checkpoint(path, {"round": k}, blocking=mode == "blocking")
+                if mode != "none":
+                    w.save_checkpoint(path, {"round": k}, blocking=mode == "blocking")
                 t1 = time.perf_counter()
                 tr.step(_batch(16, 200 + k, tr.version))
                 t2 = time.perf_counter()
                 w.wait_checkpoint()
                 t3 = time.perf_counter()
-                blocks.append(t1 - t0)
-                steps.append(t2 - t1)
-                waits.append(t3 - t2)
-                totals.append((t1 - t0) if mode == "blocking" else (t3 - t0))
-                mib = _folder_mib(path)
-                shutil.rmtree(path)
-            rows.append({"model": size, "mode": mode, "blocks_step_s": statistics.median(blocks),
-                         "step_s": statistics.median(steps), "wait_after_step_s": statistics.median(waits),
-                         "write_total_s": statistics.median(totals), "step_alone_s": statistics.median(alone),
-                         "checkpoint_mib": mib, "repeats": repeats})
+                got = per[mode]
+                got["blocks"].append(t1 - t0)
+                got["steps"].append(t2 - t1)
+                got["waits"].append(t3 - t2)
+                got["totals"].append((t1 - t0) if mode != "async" else (t3 - t0))
+                if mode != "none":
+                    mib[mode] = _folder_mib(path)
+                    shutil.rmtree(path)
+        med = statistics.median
+        for mode, got in per.items():
+            rows.append({"model": size, "mode": mode, "blocks_step_s": med(got["blocks"]),
+                         "step_s": med(got["steps"]), "wait_after_step_s": med(got["waits"]),
+                         "write_total_s": med(got["totals"]), "checkpoint_mib": mib[mode], "repeats": repeats})
     return rows
 
 
