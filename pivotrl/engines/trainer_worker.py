@@ -2,7 +2,8 @@
 
 Owns: the sharded policy (`fully_shard` per decoder layer, then the root), its AdamW optimizer,
 the GRPO step (staleness filter, advantages, micro-batches, gradient accumulation, clipping), the
-full state dict for publishing, offload/reload of device memory, and sharded checkpoints.
+full state dict for publishing, offload/reload of device memory, and sharded checkpoints (written
+in the background: `save_checkpoint(..., blocking=False)`, then `wait_checkpoint`).
 Does not own processes: the caller initialises the default process group first (with
 `init_process_group`, re-exported here, or its own), then builds a `TrainerWorker` and calls the
 same method on every rank in the same order (every method is collective).
