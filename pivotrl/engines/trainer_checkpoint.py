@@ -131,7 +131,12 @@ class Checkpointer:
         dist.barrier()
         model_sd, optim_sd = get_state_dict(w.model, w.optimizer)
         # Written before the shards: DCP's collective finish then implies every rank's RNG is on disk.
-        _write_rng(path, w.rank, _rng_state(w.device))
+        # A failure here is reported like a background one, so this rank still joins the collectives.
+        errors: list[str] = []
+        try:
+            _write_rng(path, w.rank, _rng_state(w.device))
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"rank {w.rank}: rng/: {type(e).__name__}: {e}")
         state = {"model": model_sd, "optim": optim_sd}
         writer = dcp.FileSystemWriter(str(path / "dcp"), overwrite=True)  # a stale folder is overwritten
         if stage:  # returns once the state is copied to fresh host memory; DCP's thread writes it
@@ -144,7 +149,7 @@ class Checkpointer:
                 upload.set_exception(e)
         del state, model_sd, optim_sd
         job = _Finish(path=path, rank=w.rank, group=self._group, upload=upload, extra_text=extra_text,
-                      state_text=state_text, model_path=w.model_path, hf_config=w.hf_config)
+                      state_text=state_text, model_path=w.model_path, hf_config=w.hf_config, errors=errors)
         self._inflight = _InFlight(path, self._finisher.submit(job.run), time.monotonic())
 
     def close(self, wait: bool = True) -> None:
@@ -177,9 +182,10 @@ class _Finish:
     state_text: str
     model_path: Path
     hf_config: Any
+    errors: list[str]  # this rank's errors so far (the RNG file)
 
     def run(self) -> None:
-        errors: list[str] = []
+        errors = list(self.errors)
         try:
             self.upload.result()
         except BaseException as e:  # noqa: BLE001 - reported to every rank below

@@ -127,6 +127,21 @@ def _scenario(rank: int, init: str, model_path: str, root: str, out: str) -> Non
     res["after_error"] = w.wait_checkpoint()  # the failure was raised once, then cleared
     res["step3_started"] = checkpoint_dir(root_p, 3).exists()
 
+    # 3b. rank 1's part fails (its RNG file's name is taken by a folder), in a blocking save:
+    # both ranks raise, and rank 1 still joined the shards' collectives (no hang)
+    bad_rng = checkpoint_dir(root_p, 5)
+    if rank == 0:
+        (bad_rng / "rng" / "rank_1.pt").mkdir(parents=True)
+    dist.barrier()
+    try:
+        w.save_checkpoint(bad_rng, {"cursor": 5})
+        mine = None
+    except CheckpointError as e:
+        mine = str(e)
+    rng_errors: list = [None, None]
+    dist.all_gather_object(rng_errors, mine)
+    res["rng_errors"] = rng_errors
+
     # 4. killed mid-write: the shards are on disk, rank 0 is writing hf/, then the processes die
     in_hf = threading.Event()
 
@@ -215,6 +230,10 @@ def test_a_failed_write_surfaces_on_every_rank_and_is_never_complete(two_ranks):
     assert "rank 0: hf/ or extra.json: FileExistsError" in r["error"]
     assert r["after_error"] is None and not r["step3_started"]  # the raising call started nothing
     assert (bad / "dcp" / ".metadata").is_file() and not (bad / "trainer_state.json").exists()
+    # A non-zero rank's failure (its RNG file), in a blocking save, reaches rank 0 as well.
+    bad_rng = checkpoint_dir(root, 5)
+    assert all(e is not None and str(bad_rng) in e and "rank 1: rng/" in e for e in r["rng_errors"]), r["rng_errors"]
+    assert not (bad_rng / "trainer_state.json").exists()
 
 
 def test_a_process_killed_mid_write_leaves_no_complete_checkpoint(two_ranks, model_path):
@@ -223,7 +242,7 @@ def test_a_process_killed_mid_write_leaves_no_complete_checkpoint(two_ranks, mod
     assert r["reached_hf"]  # the shards and both RNG files were on disk when the processes died
     assert (killed / "dcp" / ".metadata").is_file() and (killed / "rng" / "rank_1.pt").is_file()
     assert not (killed / "trainer_state.json").exists()
-    assert latest_checkpoint(root) == checkpoint_dir(root, 1)  # steps 2 (failed) and 4 (killed) skipped
+    assert latest_checkpoint(root) == checkpoint_dir(root, 1)  # steps 2, 5 (failed) and 4 (killed) skipped
     with Trainer(_cfg(), model_path) as tr:
         with pytest.raises(ValueError, match="no trainer_state.json"):
             tr.worker.load_checkpoint(killed)
