@@ -1,6 +1,7 @@
 """Trainer checkpoints on CPU: how long a save holds the training step, blocking vs asynchronous.
 
-`python -m pivotrl.bench trainer_checkpoint [--json PATH] [--repeats 3] [--sizes tiny,small]`.
+`python -m pivotrl.bench trainer_checkpoint [--json PATH] [--repeats 3] [--sizes tiny,small]
+[--modes none,blocking,async]`.
 
 One rank hosted in this process (FSDP2 over a 1-rank gloo group), AdamW state present (one warm-up
 step). Per model size, `--repeats` rounds, each running every mode once (interleaved, so a busy spell on
@@ -55,7 +56,7 @@ def _folder_mib(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
 
 
-def rows_for(size: str, repeats: int, work: Path) -> list[dict]:
+def rows_for(size: str, repeats: int, work: Path, modes: tuple[str, ...] = MODES) -> list[dict]:
     import torch
 
     from pivotrl.config.rl import TinyModelConfig
@@ -71,10 +72,10 @@ def rows_for(size: str, repeats: int, work: Path) -> list[dict]:
         w = tr.worker
         tr.step(_batch(16, 0, tr.version))  # AdamW moments exist from here on
         per: dict[str, dict[str, list[float]]] = {m: {"blocks": [], "steps": [], "waits": [], "totals": []}
-                                                  for m in MODES}
-        mib: dict[str, float] = {m: 0.0 for m in MODES}
+                                                  for m in modes}
+        mib: dict[str, float] = {m: 0.0 for m in modes}
         for k in range(repeats):  # modes interleaved, so a busy spell on the machine hits both
-            for mode in MODES:
+            for mode in modes:
                 path = work / f"{size}_{mode}_{k}"
                 t0 = time.perf_counter()
                 if mode != "none":
@@ -104,14 +105,17 @@ def main(argv: list[str]) -> int:
     p = parser("trainer checkpoint: blocking vs asynchronous save (1 rank, CPU)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--sizes", default="tiny,small", help=f"comma-separated, of {sorted(SIZES)}")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {list(MODES)}")
     a = p.parse_args(argv)
     sizes = [s for s in a.sizes.split(",") if s]
-    unknown = [s for s in sizes if s not in SIZES]
-    if unknown or a.repeats < 1:
-        p.error(f"--sizes must be of {sorted(SIZES)} (got {unknown}) and --repeats >= 1 (got {a.repeats})")
+    modes = tuple(m for m in a.modes.split(",") if m)
+    unknown = [s for s in sizes if s not in SIZES] + [m for m in modes if m not in MODES]
+    if unknown or not modes or a.repeats < 1:
+        p.error(f"--sizes must be of {sorted(SIZES)}, --modes of {list(MODES)} (unknown: {unknown}) "
+                f"and --repeats >= 1 (got {a.repeats})")
     work = Path(tempfile.mkdtemp(prefix="pivotrl-bench-ckpt-"))
     try:
-        rows = [r for s in sizes for r in rows_for(s, a.repeats, work)]
+        rows = [r for s in sizes for r in rows_for(s, a.repeats, work, modes)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print_table(rows, "trainer checkpoint: seconds a save holds the training step (median of repeats)")

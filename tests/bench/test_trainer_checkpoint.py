@@ -24,3 +24,6 @@ def test_bench_rejects_an_unknown_size(capsys):
     with pytest.raises(SystemExit):
         main(["--sizes", "huge"])
     assert "--sizes must be of" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--modes", "blocking,lazy"])
+    assert "unknown: ['lazy']" in capsys.readouterr().err
