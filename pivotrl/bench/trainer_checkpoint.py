@@ -13,8 +13,9 @@ the shared machine hits all modes) as "save, then the next training step":
 Columns: `blocks_step_s`, the seconds the save call held the caller (the critical path);
 `step_s`, the training step right after (during the write, for async: on a 2-core machine the
 write competes with it for the cores); `wait_after_step_s`, what was left of the write when that
-step ended; `write_total_s`, start of the save to a complete checkpoint; `checkpoint_mib`, bytes
-on disk. Medians over the rounds.
+step ended; `complete_by_s`, from the save's start until the checkpoint was known complete (the
+call's return for blocking; `wait_checkpoint`'s return after the step for async, so an upper
+bound on the write's duration); `checkpoint_mib`, bytes on disk. Medians over the rounds.
 """
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ def rows_for(size: str, repeats: int, work: Path, modes: tuple[str, ...] = MODES
         for mode, got in per.items():
             rows.append({"model": size, "mode": mode, "blocks_step_s": med(got["blocks"]),
                          "step_s": med(got["steps"]), "wait_after_step_s": med(got["waits"]),
-                         "write_total_s": med(got["totals"]), "checkpoint_mib": mib[mode], "repeats": repeats})
+                         "complete_by_s": med(got["totals"]), "checkpoint_mib": mib[mode], "repeats": repeats})
     return rows
 
 
