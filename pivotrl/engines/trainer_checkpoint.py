@@ -200,7 +200,10 @@ class _Finish:
         if not errors and self.rank == 0:
             try:
                 tmp = self.path / f".{COMPLETE_MARKER}.tmp"
-                tmp.write_text(self.state_text)
+                with open(tmp, "w") as f:  # DCP fsyncs the shards; the marker is made as durable
+                    f.write(self.state_text)
+                    f.flush()
+                    os.fsync(f.fileno())
                 os.replace(tmp, self.path / COMPLETE_MARKER)  # atomic: the marker is whole or absent
             except BaseException as e:  # noqa: BLE001
                 errors.append(f"rank 0: {COMPLETE_MARKER}: {type(e).__name__}: {e}")
