@@ -1,10 +1,10 @@
 """Trainer checkpoints on CPU: how long a save holds the training step, blocking vs asynchronous.
 
 `python -m pivotrl.bench trainer_checkpoint [--json PATH] [--repeats 3] [--sizes tiny,small]
-[--modes none,blocking,async]`.
+[--modes none,blocking,async] [--world-sizes 1,2]`.
 
-One rank hosted in this process (FSDP2 over a 1-rank gloo group), AdamW state present (one warm-up
-step). Per model size, `--repeats` rounds, each running every mode once (interleaved, so a busy spell on
+FSDP2 over gloo: one rank hosted in this process, or (`--world-sizes 2`) spawned ranks with rank 0's
+timings reported; AdamW state present (one warm-up step). Per model size, `--repeats` rounds, each running every mode once (interleaved, so a busy spell on
 the shared machine hits all modes) as "save, then the next training step":
 - `none`: no save, the step alone, for comparison;
 - `blocking`: `save_checkpoint(path)`; the step waits for the whole write (what the runtime did).
@@ -57,57 +57,115 @@ def _folder_mib(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
 
 
-def rows_for(size: str, repeats: int, work: Path, modes: tuple[str, ...] = MODES) -> list[dict]:
+def _rounds(w, size: str, repeats: int, work: Path, modes: tuple[str, ...], world_size: int) -> list[dict]:
+    """The rounds on worker `w` (every rank runs them; rank 0's timings are the rows)."""
+    w.step(_batch(16, 0, w.version))  # AdamW moments exist from here on
+    per: dict[str, dict[str, list[float]]] = {m: {"blocks": [], "steps": [], "waits": [], "totals": []}
+                                              for m in modes}
+    mib: dict[str, float] = {m: 0.0 for m in modes}
+    for k in range(repeats):  # modes interleaved, so a busy spell on the machine hits all of them
+        for mode in modes:
+            path = work / f"{size}_{mode}_{k}"
+            t0 = time.perf_counter()
+            if mode != "none":
+                w.save_checkpoint(path, {"round": k}, blocking=mode == "blocking")
+            t1 = time.perf_counter()
+            w.step(_batch(16, 200 + k, w.version))
+            t2 = time.perf_counter()
+            w.wait_checkpoint()
+            t3 = time.perf_counter()
+            got = per[mode]
+            got["blocks"].append(t1 - t0)
+            got["steps"].append(t2 - t1)
+            got["waits"].append(t3 - t2)
+            got["totals"].append((t1 - t0) if mode != "async" else (t3 - t0))
+            if mode != "none" and w.rank == 0:
+                mib[mode] = _folder_mib(path)
+                shutil.rmtree(path)
+    med = statistics.median
+    return [{"model": size, "world_size": world_size, "mode": mode, "blocks_step_s": med(got["blocks"]),
+             "step_s": med(got["steps"]), "wait_after_step_s": med(got["waits"]),
+             "complete_by_s": med(got["totals"]), "checkpoint_mib": mib[mode], "repeats": repeats}
+            for mode, got in per.items()]
+
+
+def _rank_main(rank: int, world_size: int, init: str, model: str, size: str, repeats: int, work: str,
+               modes: tuple[str, ...], out: str) -> None:
+    """One spawned rank of a multi-rank run: join the gloo group, build the worker, run the rounds."""
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    from pivotrl.engines.dist import init_process_group
+    from pivotrl.engines.trainer_worker import TrainerWorker
+
+    torch.set_num_threads(1)
+    init_process_group(rank, world_size, init, "gloo", 600.0)
+    try:
+        w = TrainerWorker(_cfg(world_size), model)
+        rows = _rounds(w, size, repeats, Path(work), modes, world_size)
+        w.close()
+        if rank == 0:
+            Path(out).write_text(json.dumps(rows))
+    finally:
+        dist.destroy_process_group()
+
+
+def _cfg(world_size: int):
+    from pivotrl.config.trainer import TrainerConfig
+
+    return TrainerConfig(world_size=world_size, micro_batch_size=16, lr=1e-4, num_threads=1, device="cpu",
+                         staleness=1000)
+
+
+def rows_for(size: str, repeats: int, work: Path, modes: tuple[str, ...] = MODES, world_size: int = 1) -> list[dict]:
+    """One row per mode for model `size` on `world_size` ranks (1: hosted here; more: spawned)."""
+    import json
+
     import torch
 
     from pivotrl.config.rl import TinyModelConfig
-    from pivotrl.config.trainer import TrainerConfig
     from pivotrl.engines.trainer import Trainer
     from pivotrl.models.tiny import create_tiny_model
 
     torch.set_num_threads(1)
     model = create_tiny_model(work / f"policy_{size}", TinyModelConfig(**SIZES[size]), seed=0)
-    cfg = TrainerConfig(micro_batch_size=16, lr=1e-4, num_threads=1, device="cpu", staleness=1000)
-    rows = []
-    with Trainer(cfg, model) as tr:
-        w = tr.worker
-        tr.step(_batch(16, 0, tr.version))  # AdamW moments exist from here on
-        per: dict[str, dict[str, list[float]]] = {m: {"blocks": [], "steps": [], "waits": [], "totals": []}
-                                                  for m in modes}
-        mib: dict[str, float] = {m: 0.0 for m in modes}
-        for k in range(repeats):  # modes interleaved, so a busy spell on the machine hits both
-            for mode in modes:
-                path = work / f"{size}_{mode}_{k}"
-                t0 = time.perf_counter()
-                if mode != "none":
-                    w.save_checkpoint(path, {"round": k}, blocking=mode == "blocking")
-                t1 = time.perf_counter()
-                tr.step(_batch(16, 200 + k, tr.version))
-                t2 = time.perf_counter()
-                w.wait_checkpoint()
-                t3 = time.perf_counter()
-                got = per[mode]
-                got["blocks"].append(t1 - t0)
-                got["steps"].append(t2 - t1)
-                got["waits"].append(t3 - t2)
-                got["totals"].append((t1 - t0) if mode != "async" else (t3 - t0))
-                if mode != "none":
-                    mib[mode] = _folder_mib(path)
-                    shutil.rmtree(path)
-        med = statistics.median
-        for mode, got in per.items():
-            rows.append({"model": size, "mode": mode, "blocks_step_s": med(got["blocks"]),
-                         "step_s": med(got["steps"]), "wait_after_step_s": med(got["waits"]),
-                         "complete_by_s": med(got["totals"]), "checkpoint_mib": mib[mode], "repeats": repeats})
-    return rows
+    if world_size == 1:
+        with Trainer(_cfg(1), model) as tr:
+            return _rounds(tr.worker, size, repeats, work, modes, 1)
+    import torch.multiprocessing as mp
+
+    out = work / f"rows_{size}_{world_size}.json"
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_rank_main, args=(r, world_size, f"file://{work}/pg_{size}", str(model), size,
+                                                  repeats, str(work), modes, str(out)))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=1800)
+    if any(p.exitcode != 0 for p in procs) or not out.is_file():
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        raise RuntimeError(f"the {world_size}-rank run of {size} failed (exit codes {[p.exitcode for p in procs]})")
+    return json.loads(out.read_text())
 
 
 def main(argv: list[str]) -> int:
-    p = parser("trainer checkpoint: blocking vs asynchronous save (1 rank, CPU)")
+    p = parser("trainer checkpoint: blocking vs asynchronous save (CPU, FSDP2 over gloo)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--sizes", default="tiny,small", help=f"comma-separated, of {sorted(SIZES)}")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {list(MODES)}")
+    p.add_argument("--world-sizes", default="1", help="comma-separated rank counts (> 1: spawned processes)")
     a = p.parse_args(argv)
+    try:
+        world_sizes = [int(x) for x in a.world_sizes.split(",") if x]
+    except ValueError:
+        world_sizes = []
+    if not world_sizes or min(world_sizes) < 1:
+        p.error(f"--world-sizes must be comma-separated integers >= 1 (got {a.world_sizes!r})")
     sizes = [s for s in a.sizes.split(",") if s]
     modes = tuple(m for m in a.modes.split(",") if m)
     unknown = [s for s in sizes if s not in SIZES] + [m for m in modes if m not in MODES]
@@ -116,7 +174,7 @@ def main(argv: list[str]) -> int:
                 f"and --repeats >= 1 (got {a.repeats})")
     work = Path(tempfile.mkdtemp(prefix="pivotrl-bench-ckpt-"))
     try:
-        rows = [r for s in sizes for r in rows_for(s, a.repeats, work, modes)]
+        rows = [r for ws in world_sizes for s in sizes for r in rows_for(s, a.repeats, work, modes, ws)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print_table(rows, "trainer checkpoint: seconds a save holds the training step (median of repeats)")

@@ -27,3 +27,6 @@ def test_bench_rejects_an_unknown_size(capsys):
     with pytest.raises(SystemExit):
         main(["--modes", "blocking,lazy"])
     assert "unknown: ['lazy']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--world-sizes", "0"])
+    assert "--world-sizes must be" in capsys.readouterr().err
