@@ -21,6 +21,11 @@ folder from the shards just written (read back unsharded with `no_dist`: no gath
 critical path, and the same snapshot by construction), writes `extra.json`, and, once every rank
 reported success, `trainer_state.json`. Background collectives run over a process group of their
 own (gloo), so they never interleave with the training step's collectives on the default group.
+A blocking save (`start(..., stage=False)`, then `wait`) writes the shards from the live tensors in
+the caller instead (no copy) and runs the same finisher: the same files either way.
+
+Memory: while a staged write is in flight, each rank holds a host copy of its model + optimizer
+shard (freed when the write ends), and rank 0 the whole float32 model while it writes `hf/`.
 
 Failures are never lost: every rank's finisher exchanges its errors with the others, so all ranks
 learn the same outcome, and the next `wait` (also reached through the next `start`) raises
