@@ -2,7 +2,8 @@
 
 Owns: the sharded policy (`fully_shard` per decoder layer, then the root), its AdamW optimizer,
 the GRPO step (staleness filter, advantages, micro-batches, gradient accumulation, clipping), the
-full state dict for publishing, offload/reload of device memory, and sharded checkpoints.
+full state dict for publishing, offload/reload of device memory, and sharded checkpoints (written
+in the background: `save_checkpoint(..., blocking=False)`, then `wait_checkpoint`).
 Does not own processes: the caller initialises the default process group first (with
 `init_process_group`, re-exported here, or its own), then builds a `TrainerWorker` and calls the
 same method on every rank in the same order (every method is collective).
@@ -95,6 +96,8 @@ class TrainerWorker:
         self._offloaded: list[tuple[torch.UntypedStorage, torch.Tensor]] | None = None
         # Host copies for offload, allocated (pinned on CUDA) on the first offload and reused.
         self._stash = HostStash(pin=self.device.type == "cuda")
+        # Asynchronous checkpoint writes, at most one in flight (`trainer_checkpoint.Checkpointer`).
+        self._checkpoints = trainer_checkpoint.Checkpointer(timeout_s=cfg.timeout_s)
 
     # ----------------------------------------------------------------------------------- setup
     def _load_sharded(self, auto_cls: Any, trainable: bool = True) -> torch.nn.Module:
@@ -442,7 +445,8 @@ class TrainerWorker:
         """Copy every device storage of params, grads and optimizer state to host memory (pinned
         on CUDA, buffers reused from the last offload), free the device storages (resize to 0
         bytes), drop FSDP's gathered copies, and empty the CUDA allocator's cache, ahead of a
-        role shift. Metrics: bytes, seconds, host buffers newly allocated, cache emptied (0/1)."""
+        role shift. Metrics: bytes, seconds, host buffers newly allocated, cache emptied (0/1).
+        A checkpoint write in flight goes on: it reads only its own staged host copy."""
         if self._offloaded is not None:
             return {"offloaded_bytes": 0.0, "offload_s": 0.0, "host_allocations": 0.0, "cache_emptied": 0.0}
         t0 = time.perf_counter()
@@ -497,14 +501,39 @@ class TrainerWorker:
             raise RuntimeError(f"trainer state is offloaded to host memory; call reload() before {what}()")
 
     # -------------------------------------------------------------------------- checkpoints
-    def save_checkpoint(self, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> None:
-        """Write a checkpoint into the (empty or new) folder `path` (`trainer_checkpoint.save`
-        says what goes where). Collective."""
+    def save_checkpoint(self, path: str | os.PathLike, extra: dict[str, Any] | None = None, *,
+                        blocking: bool = True) -> str | None:
+        """Write a checkpoint into the (empty, new or stale) folder `path` (`trainer_checkpoint`
+        says what goes where). Collective. Waits for the previous save first, raising its failure
+        (`CheckpointError`) instead of starting. `blocking=True` returns the folder once the
+        checkpoint is complete; `blocking=False` returns None as soon as the state is staged in
+        host memory: the write goes on in the background, while `step`, `offload` and the rest
+        run (they do not change what is written); `wait_checkpoint` ends it."""
         self._require_loaded("save_checkpoint")
-        trainer_checkpoint.save(self, Path(path), extra)
+        self._checkpoints.start(self, Path(path), extra, stage=not blocking)
+        return self._checkpoints.wait() if blocking else None
+
+    def wait_checkpoint(self, timeout_s: float | None = None) -> str | None:
+        """Block until the save in flight is complete (`trainer_state.json` written, every rank
+        done); return its folder, or None if none was in flight. Raises `CheckpointError` naming
+        the folder if it failed (same on every rank), `TimeoutError` after `timeout_s` (default
+        `TrainerConfig.timeout_s`). Local: no collective on the training group."""
+        return self._checkpoints.wait(timeout_s)
+
+    def checkpoint_pending(self) -> str | None:
+        """The folder of the save started and not yet waited for (running or done), or None. Local."""
+        return self._checkpoints.pending()
 
     def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
         """Restore model, optimizer, version, counters and RNG from `path`; return its extra state
-        (`trainer_checkpoint.load`). Collective."""
+        (`trainer_checkpoint.load`). Collective. A save in flight is waited for first."""
         self._require_loaded("load_checkpoint")
+        self._checkpoints.wait()
         return trainer_checkpoint.load(self, Path(path))
+
+    def close(self, wait: bool = True) -> None:
+        """Finish the save in flight (raising its failure) and release the checkpoint process
+        group; call it before destroying the default process group (that would break the write).
+        `wait=False` when a peer rank died: return at once, abandoning an unfinished write (it is
+        never marked complete). The worker takes no checkpoint calls after."""
+        self._checkpoints.close(wait)
