@@ -28,6 +28,11 @@ class TrainConfig:
     """With `resume`: start over when the run folder holds no checkpoint, instead of stopping."""
     checkpoint_every: int = 1
     """Checkpoint every this many steps (real runtimes)."""
+    checkpoint_async: bool = True
+    """Real runtimes: write checkpoints in the background (the step waits only while the ranks
+    copy their state to host memory; `runtime.training`). A shift that lends the trainer's devices
+    to another role waits for the write first, so a lent device always carries a complete
+    checkpoint of the state it holds. false: the step waits for the whole write."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "checkpoint_every"):

@@ -172,12 +172,13 @@ class DeviceWorker:
             if host is None:
                 return False
             if host is self.active:
-                host.shift_down()
+                if not isinstance(host, TrainHost):  # a trainer is discarded, not offloaded
+                    host.shift_down()
                 with self._cv:
                     self.active = None
                     self._reported.clear()
                     self._cv.notify_all()
-            host.close()
+            host.close(wait=False)  # its peers are gone: an unfinished checkpoint write is abandoned
             return True
 
     # ------------------------------------------------------------------ inference
@@ -312,8 +313,14 @@ class DeviceWorker:
     def trainer_state(self) -> dict[str, Any]:
         return self._trainer().state()
 
-    def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> None:
-        self._trainer().save_checkpoint(path, extra)
+    def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None, blocking: bool = True) -> str | None:
+        """Collective. `blocking=False`: back once the state is staged in host memory, the write
+        goes on in the background (`wait_checkpoint`)."""
+        return self._trainer().save_checkpoint(path, extra, blocking=blocking)
+
+    def wait_checkpoint(self, timeout_s: float | None = None) -> str | None:
+        """The checkpoint write in flight, finished (its folder), or None if none was."""
+        return self._trainer().wait_checkpoint(timeout_s)
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         return self._trainer().load_checkpoint(path)

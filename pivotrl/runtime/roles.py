@@ -42,6 +42,7 @@ Knows nothing about Ray, schedulers or which device it is on (device.py hosts th
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
 from pivotrl.core.types import Role
+
+log = logging.getLogger(__name__)
 
 
 class Category(str, enum.Enum):
@@ -176,8 +179,9 @@ class RoleHost(ABC):
     @abstractmethod
     def shift_down(self) -> ShiftTiming: ...
 
-    def close(self) -> None:
-        """Free everything, preserved context included (device teardown)."""
+    def close(self, wait: bool = True) -> None:
+        """Free everything, preserved context included (device teardown). `wait`: finish the
+        role's background work first (a trainer's checkpoint write); False when a peer died."""
 
 
 def build_engine(spec: RoleSpec) -> Any:
@@ -271,7 +275,7 @@ class InferenceHost(RoleHost):
             except Exception:  # noqa: BLE001 - already failed; the error being raised says why
                 pass
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
@@ -332,17 +336,27 @@ class TrainHost(RoleHost):
                            version=int(self.worker.version), detail=detail)
 
     def shift_down(self) -> ShiftTiming:
+        """Offload to host memory. A checkpoint write in flight is waited for first: the devices
+        go on to another role, and one that dies there must leave a complete checkpoint of the
+        state it held (`train.checkpoint_async`)."""
         t0 = time.perf_counter()
         detail: dict[str, float] = {}
         if self.worker is not None and self.active:
-            detail = dict(self.worker.offload())
+            waited = self.worker.wait_checkpoint() is not None
+            t1 = time.perf_counter()
+            detail = {**self.worker.offload(), **({"checkpoint_wait_s": t1 - t0} if waited else {})}
         self.active = False
         return ShiftTiming(self.role.value, "down", time.perf_counter() - t0, detail=detail,
                            version=None if self.worker is None else int(self.worker.version))
 
-    def close(self) -> None:
-        self.worker = None
+    def close(self, wait: bool = True) -> None:
+        worker, self.worker = self.worker, None
         self.active = False
+        if worker is not None:
+            try:
+                worker.close(wait)  # the checkpoint write in flight, and its process group
+            except Exception as e:  # noqa: BLE001 - teardown goes on; the failure is said
+                log.error("trainer rank %d: the checkpoint in flight failed at close: %s", self.spec.rank, e)
         try:
             import torch.distributed as dist
 

@@ -83,9 +83,16 @@ class TrainingSteps:
 
         path = str(checkpoint_dir(self.launch.checkpoint_dir, version))
         t0 = time.perf_counter()
-        self.ex.train_call(act.devices, "save_checkpoint", path, {"step": version, "batch": act.batch})
-        self.driver.record_event("checkpoint_started", version=version, path=path,
-                                 blocked_s=time.perf_counter() - t0)
+        blocking = not bool(self.cfg.train.checkpoint_async)
+        self.ex.train_call(act.devices, "save_checkpoint", path, {"step": version, "batch": act.batch}, blocking)
+        self.driver.record_event("checkpoint", version=version, path=path, background=not blocking,
+                                 step_blocked_s=time.perf_counter() - t0)
 
     def finish(self) -> None:
-        """The end of the run: wait for the checkpoint in flight (a failed one raises here)."""
+        """The end of the run: wait for the checkpoint in flight (a failed one raises here,
+        naming its folder)."""
+        if self.home:
+            t0 = time.perf_counter()
+            done = [p for p in self.ex.train_call(self.home, "wait_checkpoint") if p]
+            if done:
+                self.driver.record_event("checkpoint_finished", path=done[0], wait_s=time.perf_counter() - t0)
