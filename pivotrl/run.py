@@ -63,7 +63,7 @@ def check_resume(cfg: PivotConfig, kind: str, run_dir: Path) -> None:
     if kind not in RESUMABLE:
         raise ValueError(f"train.resume=true: cluster={kind} does not resume (allowed with resume: "
                          f"{list(RESUMABLE)}); drop train.resume, or set train.allow_fresh_start=true")
-    from pivotrl.engines.trainer_checkpoint import latest_checkpoint
+    from pivotrl.trainer.trainer_checkpoint import latest_checkpoint
 
     if latest_checkpoint(run_dir / "checkpoints") is None:
         raise ValueError(

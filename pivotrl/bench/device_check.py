@@ -87,9 +87,9 @@ def check_trainer(ctx: dict) -> dict:
     import torch
 
     from pivotrl.config.trainer import TrainerConfig
-    from pivotrl.engines.memory import ModelShape, check_fits
-    from pivotrl.engines.train_batch import TrainBatch
-    from pivotrl.engines.trainer import Trainer
+    from pivotrl.trainer.memory import ModelShape, check_fits
+    from pivotrl.trainer.train_batch import TrainBatch
+    from pivotrl.trainer.trainer import Trainer
 
     gpu = ctx["gpu"]
     n, plen, rlen = (16, 256, 768) if gpu else (8, 8, 24)

@@ -11,7 +11,7 @@
   (AdamW state exists afterwards), then the kernel's peak-RSS mark is reset (`/proc/self/clear_refs`)
   and the second step's peak minus the RSS before it is the step's memory. glibc is told to map
   every allocation over 64 KiB (`MALLOC_MMAP_THRESHOLD_`), so freed tensors really leave the RSS.
-  Each row also gives `pivotrl.engines.memory.estimate_train_memory`'s prediction for the same
+  Each row also gives `pivotrl.trainer.memory.estimate_train_memory`'s prediction for the same
   step (without the already-resident master weights and AdamW moments), to check that arithmetic.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pivotrl.bench.common import parser, print_table, write_json
 
 
 def _batch(n: int, seed: int, version: int):
-    from pivotrl.engines.train_batch import TrainBatch
+    from pivotrl.trainer.train_batch import TrainBatch
 
     rng = random.Random(seed)
     return TrainBatch(
@@ -54,7 +54,7 @@ MEMORY_CONFIGS = (
 
 
 def _memory_batch(version: int, n: int = 8, prompt: int = 64, response: int = 448):
-    from pivotrl.engines.train_batch import TrainBatch
+    from pivotrl.trainer.train_batch import TrainBatch
 
     rng = random.Random(version)
     return TrainBatch(prompt_ids=[[rng.randrange(4, 8000) for _ in range(prompt)] for _ in range(n)],
@@ -75,8 +75,8 @@ def _memory_child(model: str, overrides: dict) -> dict:
     import torch
 
     from pivotrl.config.trainer import TrainerConfig
-    from pivotrl.engines.memory import ModelShape, estimate_train_memory
-    from pivotrl.engines.trainer import Trainer
+    from pivotrl.trainer.memory import ModelShape, estimate_train_memory
+    from pivotrl.trainer.trainer import Trainer
 
     torch.set_num_threads(1)
     cfg = TrainerConfig(lr=1e-4, device="cpu", num_threads=1, **overrides)
@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
 
     from pivotrl.config.rl import TinyModelConfig
     from pivotrl.config.trainer import TrainerConfig
-    from pivotrl.engines.trainer import Trainer
+    from pivotrl.trainer.trainer import Trainer
     from pivotrl.models.tiny import create_tiny_model
 
     torch.set_num_threads(1)

@@ -44,7 +44,7 @@ def _batch(n: int, seed: int, version: int):
     """`n` random sequences (16-32 prompt, 8-32 response tokens, ids < 100) at `version`."""
     import random
 
-    from pivotrl.engines.train_batch import TrainBatch
+    from pivotrl.trainer.train_batch import TrainBatch
 
     rng = random.Random(seed)
     return TrainBatch(
@@ -97,8 +97,8 @@ def _rank_main(rank: int, world_size: int, init: str, model: str, size: str, rep
     import torch
     import torch.distributed as dist
 
-    from pivotrl.engines.dist import init_process_group
-    from pivotrl.engines.trainer_worker import TrainerWorker
+    from pivotrl.trainer.dist import init_process_group
+    from pivotrl.trainer.trainer_worker import TrainerWorker
 
     torch.set_num_threads(1)
     init_process_group(rank, world_size, init, "gloo", 600.0)
@@ -126,7 +126,7 @@ def rows_for(size: str, repeats: int, work: Path, modes: tuple[str, ...] = MODES
     import torch
 
     from pivotrl.config.rl import TinyModelConfig
-    from pivotrl.engines.trainer import Trainer
+    from pivotrl.trainer.trainer import Trainer
     from pivotrl.models.tiny import create_tiny_model
 
     torch.set_num_threads(1)

@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
     from pivotrl.config.rl import TinyModelConfig
     from pivotrl.config.trainer import TrainerConfig
     from pivotrl.engines.cpu_engine import CPUEngine
-    from pivotrl.engines.trainer import Trainer
+    from pivotrl.trainer.trainer import Trainer
     from pivotrl.engines.weight_sync import load_from_gps, publish_shards
     from pivotrl.gps.layout import Layout, ModelSpec
     from pivotrl.gps.planner import Device

@@ -1,4 +1,4 @@
-"""`TrainerConfig`: every knob of the GRPO trainer (`pivotrl.engines.trainer`), with validation.
+"""`TrainerConfig`: every knob of the GRPO trainer (`pivotrl.trainer.trainer`), with validation.
 
 Owns: field names, defaults, per-field docs and the checks that reject bad values with an error
 naming the field, and the registries of the names `algo.advantage_estimator` and `algo.loss` may
@@ -137,7 +137,7 @@ class TrainerConfig:
     input hidden state, for about one extra forward of compute. Turn it on for real models."""
     logprob_chunk_tokens: int = 1024
     """Log-probs and entropy are computed over the vocabulary this many response tokens at a time
-    (`pivotrl.engines.logprobs`), each chunk recomputed in backward, so no `[B, L, V]` float32
+    (`pivotrl.trainer.logprobs`), each chunk recomputed in backward, so no `[B, L, V]` float32
     logits exist. 0: the original full-logits path (kept for comparison). >= 0."""
     publish_dtype: str = "float32"
     """Dtype of the weights `full_state_dict` and the publish callback hand out: set it to the

@@ -1,4 +1,4 @@
-"""Inference engines (rollout and GenRM) behind one protocol, and the FSDP2 trainer.
+"""Inference engines (rollout and GenRM) behind one protocol (the trainer is `pivotrl.trainer`).
 
 File map:
   protocol.py     SamplingParams, requests/completions/stats, the InferenceEngine Protocol
@@ -8,13 +8,8 @@ File map:
   vllm_stats.py   vLLM stat logger -> iteration and prefill samples
   errors.py       EngineFailedError / EngineWakeError / EngineLoadError (failed wake or load)
   registry.py     engines by name (`cpu`, `vllm`, `auto`) and create_engine()
-  trainer*.py     the FSDP2 GRPO trainer: driver and rank
-  model_init.py   building the sharded policy (meta-device init, rank-0 broadcast load)
-  logprobs.py     chunked log-probs / entropy (no [B, L, V] float32 logits)
-  batching.py     micro-batches by count or by padded tokens (dynamic batch size)
-  offload.py      reused (pinned) host buffers for offload; CUDA allocator flush
-  memory.py       peak training memory per rank by arithmetic; check_fits (pure Python)
-  weight_sync.py  publish_shards (ranks -> GPS rows) and load_from_gps (node GPS file -> engine)
+  weight_sync.py  the bridge to the trainer: publish_shards (ranks -> GPS rows), GPSWeights and
+                  load_from_gps (node GPS file -> engine)
 
 Importing this package imports neither torch nor vLLM; the engine modules do.
 """

@@ -123,7 +123,7 @@ def check_trainer_fits(cfg: Any, hf_config: dict, name: str) -> None:
     share host memory: not checked; nor is a GPU run whose driver sees no GPU and has no
     `cluster.device_memory_bytes` (a warning says so)."""
     from pivotrl.config.resolve import resolve
-    from pivotrl.engines.memory import ModelShape, check_fits
+    from pivotrl.trainer.memory import ModelShape, check_fits
 
     r = resolve(cfg)
     if r.accelerator != "cuda":

@@ -26,8 +26,8 @@ def run_inproc(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
 
     from pivotrl.engines.protocol import SamplingParams
     from pivotrl.engines.registry import create_engine
-    from pivotrl.engines.train_batch import TrainBatch
-    from pivotrl.engines.trainer import Trainer
+    from pivotrl.trainer.train_batch import TrainBatch
+    from pivotrl.trainer.trainer import Trainer
     from pivotrl.rl.data import load_examples
     from pivotrl.rl.genrm import ParseStats, judge_prompt
     from pivotrl.rl.rewards import RewardFunction

@@ -59,7 +59,7 @@ class Launch:
     def _find_checkpoint(self) -> None:
         """`train.resume=true`: continue from the newest complete checkpoint in the run folder."""
         from pivotrl.engines.cpu_engine import load_hf_model
-        from pivotrl.engines.trainer_checkpoint import latest_checkpoint
+        from pivotrl.trainer.trainer_checkpoint import latest_checkpoint
 
         ck = latest_checkpoint(self.checkpoint_dir)
         if ck is None:
@@ -82,7 +82,7 @@ class Launch:
         rank from the checkpoint at `version` (the policy's current one; the start's own state at
         the start version), through a fresh process group. Raises `TrainingStateLost` when no
         checkpoint holds that version (`train.checkpoint_every` skipped it)."""
-        from pivotrl.engines.trainer_checkpoint import checkpoint_dir, latest_checkpoint
+        from pivotrl.trainer.trainer_checkpoint import checkpoint_dir, latest_checkpoint
         from pivotrl.runtime.outcomes import TrainingStateLost
 
         if int(version) != self.resume_version:

@@ -310,8 +310,8 @@ class TrainHost(RoleHost):
     def _build(self) -> None:
         import torch.distributed as dist
 
-        from pivotrl.engines.trainer_worker import TrainerWorker
-        from pivotrl.engines.dist import init_process_group, resolve_device
+        from pivotrl.trainer.trainer_worker import TrainerWorker
+        from pivotrl.trainer.dist import init_process_group, resolve_device
 
         cfg = self.spec.trainer
         if not dist.is_initialized():

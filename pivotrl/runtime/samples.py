@@ -126,7 +126,7 @@ class Samples:
         """The GRPO batch of samples `ids`. The rollouts' behaviour log-probs become
         `old_log_probs`, so the trainer's importance ratio corrects for staleness; if any sample
         lacks them the batch carries none (the trainer then recomputes them: ratio 1), never a mix."""
-        from pivotrl.engines.train_batch import TrainBatch
+        from pivotrl.trainer.train_batch import TrainBatch
 
         old = None
         if all(responses[s].logprobs is not None for s in ids):

@@ -79,7 +79,7 @@ class TrainingSteps:
         self.driver.record_event("weight_publish", version=version, seconds=float(pub["seconds"]))
 
     def _checkpoint(self, act: Any, version: int) -> None:
-        from pivotrl.engines.trainer_checkpoint import checkpoint_dir
+        from pivotrl.trainer.trainer_checkpoint import checkpoint_dir
 
         path = str(checkpoint_dir(self.launch.checkpoint_dir, version))
         t0 = time.perf_counter()

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _batch(n, vocab, version=0):
-    from pivotrl.engines.train_batch import TrainBatch
+    from pivotrl.trainer.train_batch import TrainBatch
 
     rng = random.Random(0)
     return TrainBatch(prompt_ids=[[rng.randrange(4, vocab) for _ in range(16)] for _ in range(n)],
@@ -27,7 +27,7 @@ def _batch(n, vocab, version=0):
 
 
 def test_bf16_trainer_offload_empties_the_cache_and_reuses_pinned_buffers(tiny_dir):
-    from pivotrl.engines.trainer import Trainer
+    from pivotrl.trainer.trainer import Trainer
 
     cfg = TrainerConfig(device="cuda", param_dtype="bfloat16", gradient_checkpointing=True, logprob_chunk_tokens=32,
                         micro_batch_tokens=256, publish_dtype="bfloat16")

@@ -10,7 +10,7 @@ import torch
 from pivotrl.config.engine import EngineConfig
 from pivotrl.config.gps import GPSConfig
 from pivotrl.config.trainer import TrainerConfig
-from pivotrl.engines.trainer import Trainer
+from pivotrl.trainer.trainer import Trainer
 from pivotrl.engines.weight_sync import fsdp_row_range, load_from_gps, publish_shards
 from pivotrl.gps.layout import Layout, ModelSpec
 from pivotrl.gps.planner import Device
@@ -58,7 +58,7 @@ def test_fsdp_row_range_is_torch_chunk():
 
 
 def _train_once(tr):
-    from tests.engines.test_trainer import _batch
+    from tests.trainer.test_trainer import _batch
 
     return tr.step(_batch(2))
 
@@ -117,8 +117,8 @@ def _rank_publish(rank: int, world: int, init: str, address: str, store_blob: by
     import ray
     import torch.distributed as dist
 
-    from pivotrl.engines.trainer_worker import TrainerWorker
-    from pivotrl.engines.dist import init_process_group
+    from pivotrl.trainer.trainer_worker import TrainerWorker
+    from pivotrl.trainer.dist import init_process_group
 
     torch.set_num_threads(1)
     ray.init(address=address, logging_level="ERROR")

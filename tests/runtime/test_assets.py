@@ -54,7 +54,7 @@ def test_empty_validation_set_is_an_error_at_start(tmp_path):
 def test_a_policy_that_cannot_train_on_its_home_set_stops_at_start():
     """Issue 10: Qwen2.5-7B's shape, 16K-token micro-batches, fp32 parameters and no checkpointing
     on one 24 GB GPU cannot fit a training rank; the error names the model, devices and memory."""
-    from pivotrl.engines.memory import ModelDoesNotFitError
+    from pivotrl.trainer.memory import ModelDoesNotFitError
     from pivotrl.runtime.assets import check_trainer_fits
 
     qwen7b = {"num_hidden_layers": 28, "hidden_size": 3584, "intermediate_size": 18944, "vocab_size": 152064,
@@ -83,7 +83,7 @@ def test_real_device_memory_is_never_the_simulators_hardware_profile(monkeypatch
 
     import torch
 
-    from pivotrl.engines.memory import ModelDoesNotFitError
+    from pivotrl.trainer.memory import ModelDoesNotFitError
     from pivotrl.runtime.assets import check_trainer_fits, device_memory_bytes
 
     # the simulated accelerator's memory does not reach the real check, however small

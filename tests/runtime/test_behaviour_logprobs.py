@@ -65,7 +65,7 @@ def test_device_poll_and_abort_carry_logprobs_into_train_batch(setup, tiny_asset
     the same device, complete; the assembled batch's old_log_probs equal the trainer's."""
     from pivotrl.config.engine import EngineConfig
     from pivotrl.config.trainer import TrainerConfig
-    from pivotrl.engines.trainer import Trainer
+    from pivotrl.trainer.trainer import Trainer
     from pivotrl.runtime.device import DeviceWorker
     from pivotrl.runtime.roles import RoleSpec
 

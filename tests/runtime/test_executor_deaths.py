@@ -121,7 +121,7 @@ def test_recovery_without_a_checkpoint_at_the_version_stops_saying_how_to_resume
 
 def test_recovery_points_the_trainer_at_the_checkpoint_of_its_version(tmp_path):
     from pivotrl.core.types import Slot
-    from pivotrl.engines.trainer_checkpoint import checkpoint_dir
+    from pivotrl.trainer.trainer_checkpoint import checkpoint_dir
 
     la = _launch(tmp_path)
     ck = checkpoint_dir(tmp_path / "checkpoints", 3)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pivotrl.engines.batching import padded_tokens, plan_micro_batches
+from pivotrl.trainer.batching import padded_tokens, plan_micro_batches
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pivotrl.engines.logprobs import HiddenStateHead, chunked_log_probs, install_hidden_head, response_rows
+from pivotrl.trainer.logprobs import HiddenStateHead, chunked_log_probs, install_hidden_head, response_rows
 
 
 def _full(h, w, b, t, temp):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from pivotrl.engines.memory import GiB, ModelDoesNotFitError, ModelShape, check_fits, estimate_train_memory
+from pivotrl.trainer.memory import GiB, ModelDoesNotFitError, ModelShape, check_fits, estimate_train_memory
 
 QWEN25_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                  num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False)

@@ -7,10 +7,10 @@ in the background: `save_checkpoint(..., blocking=False)`, then `wait_checkpoint
 Does not own processes: the caller initialises the default process group first (with
 `init_process_group`, re-exported here, or its own), then builds a `TrainerWorker` and calls the
 same method on every rank in the same order (every method is collective).
-`pivotrl.engines.trainer.Trainer` does that with spawned processes; a Ray actor per device can do
+`pivotrl.trainer.trainer.Trainer` does that with spawned processes; a Ray actor per device can do
 the same, one rank per actor.
 
-Batch semantics are documented on `pivotrl.engines.trainer.TrainBatch`; the step's arithmetic
+Batch semantics are documented on `pivotrl.trainer.trainer.TrainBatch`; the step's arithmetic
 lives in `pivotrl.rl.advantages` and `pivotrl.rl.losses`. CPU and GPU differ only in `device` and
 the collective backend (gloo or NCCL). Checkpoints (`trainer_checkpoint.py`) need a folder every
 rank can see. The memory-sane parts live beside it: `model_init.py` (meta-device init, rank-0
@@ -33,14 +33,14 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from pivotrl.config.trainer import TrainerConfig
-from pivotrl.engines import trainer_checkpoint
-from pivotrl.engines.batching import plan_micro_batches
-from pivotrl.engines.logprobs import HiddenStateHead, chunked_log_probs, response_rows
-from pivotrl.engines.model_init import build_sharded_model
-from pivotrl.engines.offload import HostStash, release_cached_device_memory
+from pivotrl.trainer import trainer_checkpoint
+from pivotrl.trainer.batching import plan_micro_batches
+from pivotrl.trainer.logprobs import HiddenStateHead, chunked_log_probs, response_rows
+from pivotrl.trainer.model_init import build_sharded_model
+from pivotrl.trainer.offload import HostStash, release_cached_device_memory
 # Re-exported: Ray actors import the batch type and the group launcher from here with the worker.
-from pivotrl.engines.dist import resolve_device
-from pivotrl.engines.train_batch import TrainBatch
+from pivotrl.trainer.dist import resolve_device
+from pivotrl.trainer.train_batch import TrainBatch
 from pivotrl.rl.advantages import compute_advantages
 from pivotrl.rl.losses import policy_loss
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from pivotrl.config.trainer import TrainerConfig
-from pivotrl.engines.trainer import Trainer, TrainerError
-from pivotrl.engines.train_batch import TrainBatch
-from pivotrl.engines.trainer_checkpoint import checkpoint_dir, latest_checkpoint
+from pivotrl.trainer.trainer import Trainer, TrainerError
+from pivotrl.trainer.train_batch import TrainBatch
+from pivotrl.trainer.trainer_checkpoint import checkpoint_dir, latest_checkpoint
 from pivotrl.models.tiny import TinyModelConfig, create_tiny_model
 
 torch.set_num_threads(1)

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from pivotrl.engines.logprobs import install_hidden_head
+from pivotrl.trainer.logprobs import install_hidden_head
 
 __all__ = ["build_sharded_model", "read_full_state_dict"]
 

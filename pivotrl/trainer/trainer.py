@@ -4,14 +4,14 @@ Owns: the batch contract (`TrainBatch`), joining a process group (`init_process_
 `resolve_device`), starting the rank processes (or hosting a single rank in this process), sending
 every rank the same command, collecting replies and errors, publishing weights after each step,
 and naming checkpoint folders. The rank-local work (model, optimizer, loss, offload, checkpoint I/O) is
-`pivotrl.engines.trainer_worker.TrainerWorker`; a Ray actor per device can host one of those
+`pivotrl.trainer.trainer_worker.TrainerWorker`; a Ray actor per device can host one of those
 instead of the processes started here.
 
 Usage::
 
     from pivotrl.config.trainer import TrainerConfig
-    from pivotrl.engines.trainer import Trainer
-    from pivotrl.engines.train_batch import TrainBatch
+    from pivotrl.trainer.trainer import Trainer
+    from pivotrl.trainer.train_batch import TrainBatch
 
     with Trainer(TrainerConfig(world_size=2, lr=1e-4), "/path/to/hf_policy",
                  publish=lambda version, sd: engine.load_weights(sd, version)) as tr:
@@ -66,12 +66,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from pivotrl.config.trainer import TrainerConfig
-from pivotrl.engines.dist import init_process_group, resolve_device
-from pivotrl.engines.train_batch import TrainBatch
-from pivotrl.engines.trainer_checkpoint import latest_checkpoint
+from pivotrl.trainer.dist import init_process_group, resolve_device
+from pivotrl.trainer.train_batch import TrainBatch
+from pivotrl.trainer.trainer_checkpoint import latest_checkpoint
 
 if TYPE_CHECKING:
-    from pivotrl.engines.trainer_worker import TrainerWorker
+    from pivotrl.trainer.trainer_worker import TrainerWorker
 
 __all__ = ["Trainer", "TrainerError", "WeightPublisher"]
 
@@ -88,7 +88,7 @@ def _rank_main(rank: int, cfg: TrainerConfig, model_path: str, init_method: str,
     """Entry of a spawned rank: join the group, build the worker, then serve commands until
     'close'. Only rank 0's return values travel back; other ranks send None."""
     try:
-        from pivotrl.engines.trainer_worker import TrainerWorker
+        from pivotrl.trainer.trainer_worker import TrainerWorker
 
         torch.set_num_threads(cfg.num_threads)
         device = None
@@ -159,7 +159,7 @@ class Trainer:
                 if dist.is_initialized():
                     raise RuntimeError("this process already has a default process group; a hosted "
                                        "trainer rank needs its own (close the other trainer, or spawn=True)")
-                from pivotrl.engines.trainer_worker import TrainerWorker
+                from pivotrl.trainer.trainer_worker import TrainerWorker
 
                 init_process_group(0, 1, init_method, backend, cfg.timeout_s)
                 self._owns_group = True

@@ -1,4 +1,4 @@
-"""Asynchronous trainer checkpoints (`pivotrl.engines.trainer_checkpoint`) on real FSDP2 ranks (gloo, CPU).
+"""Asynchronous trainer checkpoints (`pivotrl.trainer.trainer_checkpoint`) on real FSDP2 ranks (gloo, CPU).
 
 One 2-rank scenario (spawned processes) covers the collective parts: a write held back while the
 next step, an offload and a reload run; a failing rank-0 part surfacing on both ranks; a process
@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from pivotrl.config.trainer import TrainerConfig
-from pivotrl.engines import trainer_checkpoint
-from pivotrl.engines.trainer import Trainer
-from pivotrl.engines.trainer_checkpoint import CheckpointError, checkpoint_dir, latest_checkpoint
+from pivotrl.trainer import trainer_checkpoint
+from pivotrl.trainer.trainer import Trainer
+from pivotrl.trainer.trainer_checkpoint import CheckpointError, checkpoint_dir, latest_checkpoint
 from pivotrl.models.tiny import TinyModelConfig, create_tiny_model
-from tests.engines.test_trainer import _assert_state_close, _batch
+from tests.trainer.test_trainer import _assert_state_close, _batch
 
 torch.set_num_threads(1)
 
@@ -69,8 +69,8 @@ def _scenario(rank: int, init: str, model_path: str, root: str, out: str) -> Non
     os._exit(0) while a save is held in its background (a process killed mid-write)."""
     import torch.distributed as dist
 
-    from pivotrl.engines.dist import init_process_group
-    from pivotrl.engines.trainer_worker import TrainerWorker
+    from pivotrl.trainer.dist import init_process_group
+    from pivotrl.trainer.trainer_worker import TrainerWorker
 
     torch.set_num_threads(1)
     init_process_group(rank, 2, init, "gloo", 120.0)
