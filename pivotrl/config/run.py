@@ -30,9 +30,9 @@ class TrainConfig:
     """Checkpoint every this many steps (real runtimes)."""
     checkpoint_async: bool = True
     """Real runtimes: write checkpoints in the background (the step waits only while the ranks
-    copy their state to host memory; `runtime.training`). A shift that lends the trainer's devices
-    to another role waits for the write first, so a lent device always carries a complete
-    checkpoint of the state it holds. false: the step waits for the whole write."""
+    copy their state to host memory; `runtime.training`). The next step, and a shift that lends
+    the trainer's devices to another role, wait for the write first, so a device that dies always
+    leaves the last checkpoint whole. false: the step waits for the whole write."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "checkpoint_every"):

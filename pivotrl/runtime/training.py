@@ -6,10 +6,13 @@ the version GPS then holds must be the trainer's), the checkpoint every `train.c
 versions, and the error a dead training rank stops the run with (what was lost, how to resume).
 
 Checkpoints are off the critical path: the ranks stage their state in host memory and write it in
-the background (`save_checkpoint(..., blocking=False)`), while the run goes on; the next save, and
-the end of the run (`finish`), wait for the one in flight, so a failed write surfaces there,
-naming its folder. A checkpoint counts (for a resume, or for rebuilding a lost trainer) only once
-complete: `trainer_state.json` is written last.
+the background (`save_checkpoint(..., blocking=False)`), while the run goes on (the publish, the
+weight refresh, the next batch's rollout). The next step starts only once that write is complete
+(normally long finished by then), as does a shift lending the trainer's devices to another role
+(`roles.TrainHost.shift_down`), so a rank that dies in a step, or a lent device that dies, always
+leaves the last checkpoint whole. The end of the run (`finish`) waits for the last one. A failed
+write surfaces at that wait, naming its folder. A checkpoint counts (for a resume, or for
+rebuilding a lost trainer) only once complete: `trainer_state.json` is written last.
 """
 from __future__ import annotations
 
@@ -56,6 +59,7 @@ class TrainingSteps:
         ref = ray.put(batch)
         self.home = tuple(act.devices)
         try:
+            self._wait_checkpoint(act.devices, "before_step")
             for d in act.devices:
                 point("train", d, self.ex.handle(d)[0])
             metrics = self.ex.train_call(act.devices, "train_step", ref)[0]
@@ -88,11 +92,15 @@ class TrainingSteps:
         self.driver.record_event("checkpoint", version=version, path=path, background=not blocking,
                                  step_blocked_s=time.perf_counter() - t0)
 
+    def _wait_checkpoint(self, devices: tuple[int, ...], when: str) -> None:
+        """Wait for the checkpoint write in flight on `devices` (a failed one raises, naming its
+        folder); record how long it held things up."""
+        t0 = time.perf_counter()
+        done = [p for p in self.ex.train_call(devices, "wait_checkpoint") if p]
+        if done:
+            self.driver.record_event("checkpoint_finished", path=done[0], when=when, wait_s=time.perf_counter() - t0)
+
     def finish(self) -> None:
-        """The end of the run: wait for the checkpoint in flight (a failed one raises here,
-        naming its folder)."""
+        """The end of the run: wait for the checkpoint in flight."""
         if self.home:
-            t0 = time.perf_counter()
-            done = [p for p in self.ex.train_call(self.home, "wait_checkpoint") if p]
-            if done:
-                self.driver.record_event("checkpoint_finished", path=done[0], wait_s=time.perf_counter() - t0)
+            self._wait_checkpoint(self.home, "end")
