@@ -22,7 +22,9 @@ simulator only estimates:
   `cluster.hardware.bw_weights` (calibration §3: 1.4 TB/s "measured-H20" default, 2.8 "spec-scaled").
 
 It fits nothing and writes nothing into `conf/`: it shows whether any point of the declared ranges
-reproduces both halves of verl's measurement (BENCHMARKS.md, "Issue 11, session 3").
+reproduces both halves of verl's measurement. Only `flops_dense` at its floor (40 TFLOPS) comes
+close, and `conf/cluster/sim.yaml` takes that value from here (BENCHMARKS.md, "Issue 11, session 3";
+docs/calibration_sources.md §5).
 """
 from __future__ import annotations
 
