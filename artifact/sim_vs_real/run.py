@@ -59,7 +59,8 @@ def initial_allocation(rc: dict[str, Any], mode: str, n: int) -> dict:
 
 def prepare(run_dir: Path, train_time: str = "median") -> tuple[Any, Any, Any, dict[str, Any]]:
     """(records, fitted constants, composed sim config, run config) of one real run folder."""
-    from pivotrl.sim.replay import RunRecords, constants_from_run
+    from pivotrl.report.records import RunRecords
+    from pivotrl.sim.replay import constants_from_run
 
     rec = RunRecords.load(run_dir)
     rc = run_config(run_dir)
@@ -81,10 +82,10 @@ def calibrate(run_dir: Path, cores: int | None = None) -> float:
     the shared-cores contention model on (`cores`) or off (None)."""
     import dataclasses
 
-    from pivotrl.sim.replay import fit_engine_slowdown
+    from pivotrl.sim.replay import fit_engine_slowdown, recorded_workload
 
     rec, consts, cfg, _ = prepare(run_dir)
-    return fit_engine_slowdown(cfg, dataclasses.replace(consts, cores=cores), rec.workload(), rec)
+    return fit_engine_slowdown(cfg, dataclasses.replace(consts, cores=cores), recorded_workload(rec), rec)
 
 
 def replay_run(run_dir: Path, variant: str, train_time: str = "median", slowdown: float = 1.0,
@@ -94,14 +95,14 @@ def replay_run(run_dir: Path, variant: str, train_time: str = "median", slowdown
     `slowdown`: the engine slowdown (1 = the monitor's fitted iteration model as is)."""
     import dataclasses
 
-    from pivotrl.sim.replay import engine_duty, replay
+    from pivotrl.sim.replay import engine_duty, recorded_workload, replay
 
     rec, consts, cfg, rc = prepare(run_dir, train_time)
     duty = engine_duty(rec, consts.models)
     consts = dataclasses.replace(consts, engine_slowdown=slowdown, cores=cores)
     mode, n = rc["deploy"]["mode"], int(rec.summary["devices"])
     steps, warm = len(rec.steps), int(rec.summary["warmup_steps"])
-    sim = replay(cfg, consts, rec.workload(), steps, warm, n)
+    sim = replay(cfg, consts, recorded_workload(rec), steps, warm, n)
     meas = [float(s["step_time_s"]) for s in rec.steps]
     pred = [float(x) for x in sim["step_time_s"]]
     rows = []

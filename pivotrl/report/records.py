@@ -1,8 +1,13 @@
 """Reading one run folder: `config.yaml`, `metrics.jsonl`, `timeline.jsonl`, `summary.json`.
 
-Owns `RunRecords.read(run_dir)`: only the files, never wandb or the runtimes, so a folder copied
-from another machine reads the same. A run cut short (killed, crashed) may have no summary and a
-last line cut mid-write: the rows before it are kept and the cut line is counted in `skipped`.
+Owns the one reader of run folders, `RunRecords`, for every consumer (the report, the replay of a
+real run in the simulator, `pivotrl.sim.replay`): only the files, never wandb or the runtimes, so
+a folder copied from another machine reads the same.
+- `RunRecords.read(run_dir)`: lenient. A run cut short (killed, crashed) may have no summary and a
+  last line cut mid-write: the rows before it are kept and the cut line is counted in `skipped`.
+- `RunRecords.load(run_dir)`: strict, for a finished run: all three record files, a summary, and
+  one run per folder (no repeated step numbers).
+- Per-step token totals and per-sample lengths (`sample_lengths` timeline records) for the replay.
 """
 from __future__ import annotations
 
@@ -34,6 +39,8 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
 
 @dataclass
 class RunRecords:
+    """The records of one run folder (see the module docstring)."""
+
     run_dir: Path
     config: dict[str, Any]
     metrics: list[dict[str, Any]]
@@ -63,6 +70,68 @@ class RunRecords:
             except json.JSONDecodeError:
                 b1 += 1
         return cls(run_dir, config, metrics, timeline, summary, b1 + b2)
+
+    @classmethod
+    def load(cls, run_dir: Path | str) -> "RunRecords":
+        """`read` for a finished run: all three record files and a summary, one run per folder."""
+        run_dir = Path(run_dir)
+        for name in ("summary.json", "metrics.jsonl", "timeline.jsonl"):
+            if not (run_dir / name).exists():
+                raise FileNotFoundError(f"{run_dir} has no {name}: not a finished run folder")
+        rec = cls.read(run_dir)
+        if rec.summary is None:
+            raise ValueError(f"{run_dir}/summary.json is not JSON: not a finished run folder")
+        seen = [r["step"] for r in rec.metrics]
+        if len(seen) != len(set(seen)):
+            raise ValueError(f"{run_dir}/metrics.jsonl repeats step numbers: two runs wrote into one folder "
+                             f"(same-second Hydra folder names); replay a folder with one run")
+        return rec
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        """The metrics rows ordered by step."""
+        return sorted(self.metrics, key=lambda r: r["step"])
+
+    @property
+    def P(self) -> int:
+        """Prompts per step (from the summary)."""
+        return int((self.summary or {})["prompts_per_step"])
+
+    @property
+    def G(self) -> int:
+        """Samples per prompt (from the summary)."""
+        return int((self.summary or {})["group_size"])
+
+    def step_totals(self) -> list[dict[str, float]]:
+        """Per-batch token totals, ordered by batch: prompt, response and GenRM-output tokens."""
+        out = []
+        for r in sorted(self.metrics, key=lambda r: r["batch"]):
+            n = r["samples"]
+            resp = r["response_tokens_mean"] * n
+            gen = r["genrm_tokens_mean"] * n
+            out.append({"prompt_tokens": r["policy_tokens"] - resp, "response_tokens": resp, "genrm_tokens": gen})
+        return out
+
+    def sample_lengths(self) -> dict[int, dict[int, tuple[int, int, int]]]:
+        """Per-sample `(prompt, response, genrm_output)` tokens from `sample_lengths` timeline
+        records, batch -> sample id -> lengths.
+
+        The record this reads (one per batch, written when the batch is trained by
+        `pivotrl.runtime.stats.RealStats.step_fields`): `{"kind": "sample_lengths",
+        "batch": b, "samples": [[sample_id, prompt_tokens, response_tokens, genrm_output_tokens],
+        ...]}` over the batch's P*G trained samples."""
+        out: dict[int, dict[int, tuple[int, int, int]]] = {}
+        for x in self.timeline:
+            if x.get("kind") == "sample_lengths":
+                out[int(x["batch"])] = {int(sid): (int(p), int(r), int(g)) for sid, p, r, g in x["samples"]}
+        return out
+
+    @property
+    def per_sample(self) -> bool:
+        """True if every batch has its per-sample lengths recorded (runs since the local runtime
+        writes `sample_lengths`; older folders have per-step totals only)."""
+        per = self.sample_lengths()
+        return bool(per) and all(len(per.get(int(r["batch"]), {})) == self.P * self.G for r in self.metrics)
 
     @property
     def name(self) -> str:

@@ -43,7 +43,7 @@ class RunStats:
         self.aborts = 0
         self.reprefills = 0
         self.rows: list[dict[str, Any]] = []
-        self.samples: list[dict[str, Any]] = []  # `throughput` timeline records (runtime._sample)
+        self.samples: list[dict[str, Any]] = []  # `throughput` timeline records (pivotrl.sim.sampling)
         self.window0: float | None = None
         self.base: dict[str, Any] | None = None
         self.last_step_end = 0.0

@@ -24,8 +24,9 @@ Owns the glue of issue 5 item 6 ("sim against real"), built only from the simula
   (shared-cores contention: with B devices busy on C cores, inference runs max(1, B/C) slower).
   The controller always sees the unslowed fitted models, as the real run's planner did.
 - `engine_duty`: measured over modelled throughput per role from the run's `role_state` snapshots.
-- Per-sample lengths: read from `sample_lengths` timeline records (`RunRecords.sample_lengths`
-  documents the record; `pivotrl.runtime.stats` writes one per trained batch).
+- Per-sample lengths: read from `sample_lengths` timeline records (`recorded_workload`; the run
+  folder's one reader, `pivotrl.report.records.RunRecords`, documents the record;
+  `pivotrl.runtime.stats` writes one per trained batch).
 
 What the replay cannot see: how contention between virtual devices that share cores varies over
 the run (the fitted models include the contention the run saw, at its average level over the
@@ -41,14 +42,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import statistics
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import INFERENCE_ROLES, Role
+from pivotrl.report.records import RunRecords
 from pivotrl.sim.runtime import SimRuntime
 from pivotrl.sim.setup import SimSetup
 from pivotrl.sim.timemodel import RoleCosts
@@ -100,76 +100,16 @@ def _spread(total: int, n: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------- run records
-@dataclass
-class RunRecords:
-    """What a run folder holds that the replay reads."""
-
-    run_dir: Path
-    summary: dict[str, Any]
-    steps: list[dict[str, Any]]
-    timeline: list[dict[str, Any]]
-    P: int
-    G: int
-
-    @classmethod
-    def load(cls, run_dir: Path) -> "RunRecords":
-        run_dir = Path(run_dir)
-        for name in ("summary.json", "metrics.jsonl", "timeline.jsonl"):
-            if not (run_dir / name).exists():
-                raise FileNotFoundError(f"{run_dir} has no {name}: not a finished run folder")
-        summary = json.loads((run_dir / "summary.json").read_text())
-        steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        seen = [r["step"] for r in steps]
-        if len(seen) != len(set(seen)):
-            raise ValueError(f"{run_dir}/metrics.jsonl repeats step numbers: two runs wrote into one folder "
-                             f"(same-second Hydra folder names); replay a folder with one run")
-        steps.sort(key=lambda r: r["step"])
-        tl = [json.loads(x) for x in (run_dir / "timeline.jsonl").read_text().splitlines() if x.strip()]
-        return cls(run_dir, summary, steps, tl, int(summary["prompts_per_step"]), int(summary["group_size"]))
-
-    def step_totals(self) -> list[dict[str, float]]:
-        """Per-batch token totals, ordered by batch: prompt, response and GenRM-output tokens."""
-        out = []
-        for r in sorted(self.steps, key=lambda r: r["batch"]):
-            n = r["samples"]
-            resp = r["response_tokens_mean"] * n
-            gen = r["genrm_tokens_mean"] * n
-            out.append({"prompt_tokens": r["policy_tokens"] - resp, "response_tokens": resp, "genrm_tokens": gen})
-        return out
-
-    def sample_lengths(self) -> dict[int, dict[int, SampleLengths]]:
-        """Per-sample lengths from `sample_lengths` timeline records, batch -> sample id -> lengths.
-
-        The record this reads (one per batch, written when the batch is trained by
-        `pivotrl.runtime.stats.RealStats.step_fields`): `{"kind": "sample_lengths",
-        "batch": b, "samples": [[sample_id, prompt_tokens, response_tokens, genrm_output_tokens],
-        ...]}` over the batch's P*G trained samples."""
-        out: dict[int, dict[int, SampleLengths]] = {}
-        for x in self.timeline:
-            if x.get("kind") == "sample_lengths":
-                out[int(x["batch"])] = {int(sid): SampleLengths(int(p), int(r), int(g))
-                                        for sid, p, r, g in x["samples"]}
-        return out
-
-    @property
-    def per_sample(self) -> bool:
-        """True if every batch has its per-sample lengths recorded (runs since the local runtime
-        writes `sample_lengths`; older folders have per-step totals only)."""
-        per = self.sample_lengths()
-        return bool(per) and all(len(per.get(int(r["batch"]), {})) == self.P * self.G for r in self.steps)
-
-    def workload(self) -> ReplayWorkload:
-        """Per-sample lengths where every batch has them, else per-step totals spread evenly."""
-        per = self.sample_lengths()
-        batches = sorted(int(r["batch"]) for r in self.steps)
-        n = self.P * self.G
-        if self.per_sample:
-            wl = []
-            for b in batches:
-                rows = [[per[b][b * n + p * self.G + i] for i in range(self.G)] for p in range(self.P)]
-                wl.append(rows)
-            return ReplayWorkload(wl)
-        return ReplayWorkload.from_step_totals(self.step_totals(), self.P, self.G)
+def recorded_workload(rec: RunRecords) -> ReplayWorkload:
+    """The run's workload: per-sample lengths where every batch has them, else per-step totals
+    spread evenly (`RunRecords.step_totals`)."""
+    batches = sorted(int(r["batch"]) for r in rec.metrics)
+    n = rec.P * rec.G
+    if rec.per_sample:
+        per = rec.sample_lengths()
+        return ReplayWorkload([[[SampleLengths(*per[b][b * n + p * rec.G + i]) for i in range(rec.G)]
+                                for p in range(rec.P)] for b in batches])
+    return ReplayWorkload.from_step_totals(rec.step_totals(), rec.P, rec.G)
 
 
 @dataclass
@@ -314,7 +254,7 @@ class ReplayRuntime(SimRuntime):
                 continue
             self._factor[rep] = f
             rep.set_model(slowed(self.s.costs[self.role_of[rid]].model, f), self.now)
-            self._reschedule(rid)
+            self.reschedule(rid)
 
     def training_seconds(self, act) -> float:
         self._train_devices = len(act.devices)

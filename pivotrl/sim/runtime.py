@@ -1,8 +1,8 @@
 """`cluster=sim`: the discrete-event driver of the runtime loop on a simulated cluster.
 
-Owns the simulated clock and event queue, the replicas' ground truth (`SimReplica`), and carrying
-out the controller's actions (dispatch/abort moves with prefill and re-prefill, shifts with their
-durations, training steps, weight publishes). The loop, the action dispatch, ticks and the records
+Owns the simulated clock (its event queue is `pivotrl.sim.clock`), the replicas' ground truth
+(`SimReplica`), and carrying out the controller's actions (dispatch/abort moves with prefill and
+re-prefill, shifts with their durations, training steps, weight publishes). The loop, the action dispatch, ticks and the records
 are the shared ones (`pivotrl.runtime.loop`, `pivotrl.runtime.recorder`); the control plane is the
 real one: the same controllers, schedulers and planner the other runtimes use (DESIGN §1-2, §5).
 Subclasses change the physics through hooks (`training_seconds`, `shift_seconds`,
@@ -12,15 +12,8 @@ Events: sequence completions (per replica, computed in closed form by `SimReplic
 completions, training completions, monitor ticks and throughput samples. Between events nothing is
 stepped.
 
-Throughput samples (`models.sim.throughput_sample_s`, every mode, Fig. 10) are read-only: the
-controller never sees them. Each writes a `throughput` timeline record with two views:
-- `rollout`, `reward`, `overall`: what the planner sees: the schedulers' modelled throughput
-  (`sum_i N_i / tau_i` over the scheduler's replica states) and paper Eq. 1 over them with
-  `n_rollout`/`n_reward` = running + queued sequences. The static modes get no progress reports, so
-  their schedulers' K lags the engines by the tokens generated since each dispatch (T is a little
-  optimistic there).
-- `actual`: tokens the simulated engines really emitted per role in the last interval / interval
-  (ground truth, retired replicas included), and `actual_total` their sum.
+Throughput samples (`models.sim.throughput_sample_s`, Fig. 10) are read-only records the controller
+never sees (`pivotrl.sim.sampling`); the event queue is `pivotrl.sim.clock`.
 
 Token counts reach the controller the way a real engine would report them: on completion, and as a
 progress snapshot on ticks, shift and training completions (pivot only; the static modes never
@@ -28,14 +21,11 @@ abort a running sequence). Scheduler dispatch between snapshots sees K up to one
 """
 from __future__ import annotations
 
-import heapq
-import itertools
 import time
 from typing import Any, Iterator
 
 from pivotrl.config import PivotConfig
 from pivotrl.config.resolve import resolve
-from pivotrl.core.planner import eq1_throughput
 from pivotrl.core.types import INFERENCE_ROLES, Role
 from pivotrl.deploy import make_controller
 from pivotrl.deploy.events import (
@@ -43,8 +33,10 @@ from pivotrl.deploy.events import (
     TrainingDone,
 )
 from pivotrl.sim import timemodel as tm
+from pivotrl.sim.clock import PASSIVE, EventQueue
 from pivotrl.sim.engine import SimReplica
 from pivotrl.sim.metrics import RunStats
+from pivotrl.sim.sampling import ThroughputSampler
 from pivotrl.sim.setup import SimSetup
 
 PHASED_MODES = ("colocated", "rr_colocated")  # swap models on a shared pool at phase boundaries
@@ -64,9 +56,7 @@ class SimRuntime:
         self.tracker = tracker
         self.ctrl = make_controller(self.cfg.deploy.mode, setup.control_env())
         self.t = 0.0
-        self._events: list[tuple[float, int, str, Any]] = []
-        self._finishes: list[tuple[float, int, str, int]] = []
-        self._seq = itertools.count()
+        self.queue = EventQueue()
         self.replicas: dict[str, SimReplica] = {}
         self.role_of: dict[str, Role] = {}
         self.truth: dict[Role, dict[int, int]] = {r: {} for r in INFERENCE_ROLES}  # aborted: generated
@@ -78,9 +68,7 @@ class SimRuntime:
         self.progress = progress
         self._bar = None
         self._last_progress = 0.0
-        self.sample_s = float(self.cfg.models.sim.throughput_sample_s or 0.0)
-        self._last_sample: tuple[float, dict[Role, float]] = (0.0, {r: 0.0 for r in INFERENCE_ROLES})
-        self._sampling = False
+        self.sampler = ThroughputSampler(self.cfg.models.sim.throughput_sample_s)
         self.wall_limit = ("models.sim.max_sim_time_s", float(self.cfg.models.sim.max_sim_time_s))
         self._wall0 = time.perf_counter()
 
@@ -97,35 +85,9 @@ class SimRuntime:
         g = sum(x.genrm for x in rows) / n
         return {Role.ROLLOUT: p + r / 2.0, Role.REWARD: p + r + g / 2.0}
 
-    # ------------------------------------------------------------------ event queue
-    def _push(self, t: float, kind: str, payload: Any = None) -> None:
-        heapq.heappush(self._events, (t, next(self._seq), kind, payload))
-
-    def _reschedule(self, rid: str) -> None:
-        rep = self.replicas.get(rid)
-        if rep is None:
-            return
-        t = rep.next_finish()
-        if t is not None:
-            heapq.heappush(self._finishes, (t, next(self._seq), rid, rep.epoch))
-
-    def _next(self) -> tuple[float, str, Any] | None:
-        while self._finishes:
-            t, _, rid, epoch = self._finishes[0]
-            rep = self.replicas.get(rid)
-            if rep is None or rep.epoch != epoch:
-                heapq.heappop(self._finishes)
-                continue
-            break
-        te = self._events[0][0] if self._events else float("inf")
-        tf = self._finishes[0][0] if self._finishes else float("inf")
-        if te == tf == float("inf"):
-            return None
-        if tf < te:
-            t, _, rid, _ = heapq.heappop(self._finishes)
-            return t, "finish", rid
-        t, _, kind, payload = heapq.heappop(self._events)
-        return t, kind, payload
+    def reschedule(self, rid: str) -> None:
+        """Queue replica `rid`'s next completion after a change to it (subclass hooks use this too)."""
+        self.queue.watch(rid, self.replicas.get(rid))
 
     # ------------------------------------------------------------------ Driver: events
     def run(self) -> dict[str, Any]:
@@ -148,26 +110,27 @@ class SimRuntime:
                 self._bar.close()
 
     def schedule_tick(self, at: float) -> None:
-        self._push(at, "tick")
+        self.queue.push(at, "tick")
 
     def idle(self) -> bool:
-        return not self._events and not self._finishes
+        return self.queue.empty()
 
     def wait(self) -> Iterator[Any]:
         """The next event(s) of the queue; a generator, so a replica's finishes interleave with the
         controller's reactions to each (exactly as one engine step would deliver them)."""
-        if self.sample_s > 0 and not self._sampling:  # after Start and the first tick are queued
-            self._sampling = True
+        smp = self.sampler
+        if smp.sample_s > 0 and not smp.started:  # after Start and the first tick are queued
+            smp.started = True
             self._sample()
-            self._push(self.sample_s, "sample")
-        nxt = self._next()
+            self.queue.push(smp.sample_s, "sample")
+        nxt = self.queue.pop(self.replicas)
         if nxt is None:
             raise RuntimeError(f"simulation of {self.ctrl.name} stalled at t={self.t:.1f}s: no events "
                                f"left before step {self.ctrl.step + 1}/{self.s.steps} (state {self.ctrl.state()})")
         t, kind, payload = nxt
-        if kind not in ("tick", "sample"):
+        if kind not in PASSIVE:
             self._last_progress = t
-        elif t - self._last_progress > STUCK_S and not self._work_pending():
+        elif t - self._last_progress > STUCK_S and not self.queue.work_pending(self.replicas):
             raise RuntimeError(f"simulation of {self.ctrl.name} is stuck: nothing finished, shifted or "
                                f"trained for {STUCK_S:.0f} simulated seconds before t={t:.0f}s "
                                f"(state {self.ctrl.state()})")
@@ -178,19 +141,13 @@ class SimRuntime:
             yield Tick(self.t, progress=self._snapshot())
         elif kind == "sample":
             self._sample()
-            self._push(self.t + self.sample_s, "sample")
+            self.queue.push(self.t + smp.sample_s, "sample")
         elif kind == "shift_done":
             yield self._on_shift_done(*payload)
         elif kind == "train_done":
             self.training_finished()
             b, v, secs = payload
             yield TrainingDone(self.t, batch=b, version=v, seconds=secs, progress=self._snapshot())
-
-    def _work_pending(self) -> bool:
-        """A training step, shift or sequence completion is still scheduled (slow is not stuck)."""
-        if any(kind not in ("tick", "sample") for _, _, kind, _ in self._events):
-            return True
-        return any(rid in self.replicas and self.replicas[rid].epoch == ep for _, _, rid, ep in self._finishes)
 
     def _on_replica(self, rid: str) -> Iterator[Any]:
         rep = self.replicas[rid]
@@ -205,7 +162,7 @@ class SimRuntime:
             self.truth[role].pop(sid, None)
             rep.resume()
             yield SequenceFinished(self.t, role=role, seq_id=sid, generated=gen, replica_id=rid)
-        self._reschedule(rid)
+        self.reschedule(rid)
 
     def _snapshot(self) -> dict[Role, dict[int, int]]:
         if not self.ctrl.tick_s:  # static modes never abort running sequences: skip the cost
@@ -216,31 +173,8 @@ class SimRuntime:
             out[self.role_of[rid]].update(rep.snapshot())
         return out
 
-    def _role_tokens(self) -> dict[Role, float]:
-        """Tokens emitted so far per role (retired replicas included), replicas advanced to now."""
-        out = {r: self.stats.retired[r][2] for r in INFERENCE_ROLES}
-        for rid, rep in self.replicas.items():
-            rep.advance(self.t)
-            out[self.role_of[rid]] += rep.tokens
-        return out
-
     def _sample(self) -> None:
-        """One `throughput` record (read-only: advancing a replica in pieces is exact)."""
-        sch = self.ctrl.sched
-        n = {r: float(sch[r].num_sequences()) for r in INFERENCE_ROLES}
-        T = {r: float(sch[r].throughput()) for r in INFERENCE_ROLES}
-        tokens = self._role_tokens()
-        t0, tok0 = self._last_sample
-        dt = self.t - t0
-        actual = {r.value: ((tokens[r] - tok0[r]) / dt if dt > 0 else 0.0) for r in INFERENCE_ROLES}
-        self._last_sample = (self.t, tokens)
-        rec = {"now": self.t, "step": self.ctrl.step,
-               "rollout": T[Role.ROLLOUT], "reward": T[Role.REWARD],
-               "overall": eq1_throughput(n[Role.ROLLOUT], T[Role.ROLLOUT], n[Role.REWARD], T[Role.REWARD]),
-               "n_rollout": n[Role.ROLLOUT], "n_reward": n[Role.REWARD],
-               "actual": actual, "actual_total": sum(actual.values()),
-               "allocation": self.ctrl.allocation(), "training": bool(self.ctrl.training)}
-        self.stats.samples.append(rec)
+        rec = self.sampler.sample(self.t, self.ctrl, self.replicas, self.role_of, self.stats)
         if self.tracker is not None:
             self.tracker.log_event("throughput", **rec)
 
@@ -250,7 +184,7 @@ class SimRuntime:
             if self.role_of[rid] == Role.ROLLOUT:
                 rep.advance(self.t)
                 rep.stall(self.publish_s)
-                self._reschedule(rid)
+                self.reschedule(rid)
 
     def record(self, act: Record) -> None:
         self.stats.count_record(act)
@@ -292,7 +226,7 @@ class SimRuntime:
                     self.stats.reprefills += 1
             dirty[mv.replica_id] = None
         for rid in dirty:
-            self._reschedule(rid)
+            self.reschedule(rid)
 
     def start_shift(self, act: StartShift) -> None:
         plan = act.plan
@@ -308,7 +242,7 @@ class SimRuntime:
             self.stats.retire(rep, self.role_of.pop(s.slot_id))
         down_s, up_s = self.shift_seconds(plan)
         self.stats.shift(plan, self.t, down_s + up_s)
-        self._push(self.t + down_s + up_s, "shift_done", (plan, down_s, up_s))
+        self.queue.push(self.t + down_s + up_s, "shift_done", (plan, down_s, up_s))
 
     def _on_shift_done(self, plan, down_s: float, up_s: float) -> ShiftDone:
         caps = {}
@@ -325,7 +259,7 @@ class SimRuntime:
     def start_training(self, act: StartTraining) -> None:
         secs = self.training_seconds(act)
         self.stats.train_start(self.t, len(act.devices))
-        self._push(self.t + secs, "train_done", (act.batch, act.version + 1, secs))
+        self.queue.push(self.t + secs, "train_done", (act.batch, act.version + 1, secs))
 
     # ------------------------------------------------------------------ physics hooks (subclasses)
     def shift_seconds(self, plan: Any) -> tuple[float, float]:

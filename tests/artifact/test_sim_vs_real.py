@@ -11,7 +11,8 @@ import yaml
 
 from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import Role
-from pivotrl.sim.replay import ReplayWorkload, RunRecords, constants_from_run, slowed
+from pivotrl.report.records import RunRecords
+from pivotrl.sim.replay import ReplayWorkload, constants_from_run, recorded_workload, slowed
 from pivotrl.sim.workload import SampleLengths
 
 FIT = {"A": 4e-7, "B": 0.0, "C": 1e-4, "D": 1.5e-3, "P0": 1.6e-3, "P1": 3e-5, "P2": 5e-9}
@@ -144,7 +145,7 @@ def test_replay_charges_cold_loads_trace_training_and_slowdown(tmp_path):
 
     d = _fake_run(tmp_path / "run")
     rec, consts, cfg, _ = prepare(d, "trace")
-    wl = rec.workload()
+    wl = recorded_workload(rec)
 
     def run(c):
         return replay(cfg, c, wl, 3, 1, 4)
@@ -174,13 +175,13 @@ def test_recorded_per_sample_lengths_are_replayed_when_every_batch_has_them(tmp_
                             "samples": [[s, 7 + s // 2, 3 + s, 11 + s] for s in range(4)]}) + "\n")
     rec = RunRecords.load(d)
     assert not rec.per_sample  # batch 1 has none: fall back to per-step totals
-    assert rec.workload().lengths(0).response == 10
+    assert recorded_workload(rec).lengths(0).response == 10
     with (d / "timeline.jsonl").open("a") as f:
         f.write(json.dumps({"kind": "sample_lengths", "batch": 1,
                             "samples": [[s, 5, 1 + s, 2] for s in range(4, 8)]}) + "\n")
     rec = RunRecords.load(d)
     assert rec.per_sample
-    wl = rec.workload()
+    wl = recorded_workload(rec)
     assert wl.lengths(3) == SampleLengths(8, 6, 14)
     assert wl.lengths(6) == SampleLengths(5, 7, 2)
     assert any("replayed from the run's sample_lengths" in n for n in constants_from_run(rec, 4096, {}).notes)
@@ -207,7 +208,7 @@ def test_shared_cores_contention_slows_inference(tmp_path):
     from pivotrl.sim.replay import replay
 
     rec, consts, cfg, _ = prepare(_fake_run(tmp_path / "run", P=4, G=4, response=400.0))
-    wl = rec.workload()
+    wl = recorded_workload(rec)
 
     def rollout(c):  # batch 0's rollout phase: 2 rollout replicas decoding 400 tokens each
         r = replay(cfg, c, wl, 3, 1, 4)["step_rows"][0]
@@ -235,6 +236,6 @@ def test_weight_refresh_is_charged_at_the_measured_median(tmp_path):
     assert any("median of 3 measured loads" in n for n in refreshed.notes)
     assert refreshed.as_dict()["publish_s"] == pytest.approx(0.4)
     # the replay stalls rollout replicas for it: no step gets faster, and the run as a whole is not faster
-    wl = rec.workload()
+    wl = recorded_workload(rec)
     base, slow = replay(cfg, consts, wl, 3, 1, 4), replay(cfg, refreshed, wl, 3, 1, 4)
     assert sum(slow["step_time_s"]) >= sum(base["step_time_s"])

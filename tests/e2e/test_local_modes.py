@@ -49,7 +49,7 @@ def test_mode_trains_two_steps(ray_session, tiny_assets, tmp_path, mode):
     assert any(d["direction"] == "up" and d["role"] == "rollout" for t in timings for d in t["devices"])
     # per-sample lengths of every trained batch (the simulator's replay reads them), consistent
     # with the step's token totals; and every weight publish is timed per rollout device
-    from pivotrl.sim.replay import RunRecords
+    from pivotrl.report.records import RunRecords
 
     tl = _timeline(tmp_path)
     lengths = {r["batch"]: r["samples"] for r in tl if r["kind"] == "sample_lengths"}

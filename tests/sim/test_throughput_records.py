@@ -32,14 +32,14 @@ def test_records_exist_and_are_consistent(make_cfg, mode):
     cfg = make_cfg(f"deploy={mode}", "models.sim.throughput_sample_s=2", *SMALL)
     rt = SimRuntime(SimSetup.from_config(cfg, ALLOC[mode]))
     cum: list[float] = []
-    inner = rt._role_tokens
+    inner = rt.sampler.role_tokens
 
-    def role_tokens():
-        out = inner()
+    def role_tokens(*args):
+        out = inner(*args)
         cum.append(sum(out.values()))
         return out
 
-    rt._role_tokens = role_tokens
+    rt.sampler.role_tokens = role_tokens
     summary = rt.run()
     recs = rt.stats.samples
     assert len(recs) >= summary["sim_time_s"] / 2 - 1
