@@ -28,7 +28,7 @@ class RealStats:
 
     def step_fields(self, act: Any, drv: Any) -> dict[str, Any]:
         """Row fields of the step that trained `act.batch`; also its `sample_lengths` record (read by
-        `pivotrl.sim.replay.RunRecords`): `[sample_id, prompt_tokens, response_tokens,
+        `pivotrl.report.records.RunRecords`): `[sample_id, prompt_tokens, response_tokens,
         genrm_tokens]`, one row per trained sample in id order."""
         led, s = drv.ledger, drv.s
         ids = [x for x in drv.training.trained_ids if s.batch_of(x) == act.batch]
