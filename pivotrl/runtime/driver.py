@@ -1,12 +1,10 @@
 """The real devices' `Driver` of the runtime loop (`cluster=local` and `cluster=ray`).
 
-Owns what happens on real devices between the controller's decisions: polling the inference
-devices for progress and completions, carrying out moves, shifts (driver threads), training steps
-(a driver thread running `training.TrainingSteps`) and weight publishes through the executor
-(each rollout device reads its node's GPS copy: the weights never pass through the driver),
-device deaths, and the run's own figures (`RealStats`). The truth about every sequence is the
-`SequenceLedger`; building requests, judge prompts, rewards and batches is `Samples`'; the
-devices themselves are the `Launch`'s.
+Owns what happens on real devices between the controller's decisions: polls, moves, shifts and
+training steps (driver threads; `training.TrainingSteps`), weight publishes through the executor
+(each rollout device reads its node's GPS copy itself), device deaths, and the run's own figures
+(`RealStats`). The truth about every sequence is the `SequenceLedger`; requests, judge prompts,
+rewards and batches are `Samples`'; the devices themselves are the `Launch`'s.
 
 Decisions:
 - Shifts and training steps run in driver threads (they block on their devices); their results
