@@ -58,7 +58,7 @@ def stage_seconds(group: str, mode: str) -> dict[str, float]:
                        "logging.progress=false"])
     rt = SimRuntime(SimSetup.from_config(cfg, paper_allocation(cfg)))
     s = rt.run()
-    rows = [r for r in rt.stats.rows if r["step"] > cfg.train.warmup_steps]
+    rows = [r for r in rt.rec.rows if r["step"] > cfg.train.warmup_steps]
     mean = lambda k: sum(float(r[k]) for r in rows) / max(len(rows), 1)  # noqa: E731
     return {"tokens_per_s": s["throughput_tokens_per_s"], "step_s": mean("step_time_s"),
             "rollout_s": mean("rollout_s"), "reward_s": mean("reward_s"), "train_s": mean("train_s")}

@@ -31,7 +31,7 @@ def point(group: str, mode: str, extra: list[str]) -> dict[str, Any]:
     cfg = load_config([*overrides(group, mode, {}), *extra])
     rt = SimRuntime(SimSetup.from_config(cfg, paper_allocation(cfg) if mode != "colocated" else {}))
     s = rt.run()
-    rows = rt.stats.rows[rt.s.warmup:] or rt.stats.rows
+    rows = rt.rec.rows[rt.s.warmup:] or rt.rec.rows
     mean = {k: statistics.mean(float(r[k]) for r in rows)
             for k in ("step_time_s", "rollout_s", "reward_s", "train_s", "tokens")}
     paper = json.loads(EXPECTED.read_text())["tokens_per_s"][group][mode]

@@ -42,11 +42,8 @@ class RunStats:
         self.planner_s = 0.0
         self.aborts = 0
         self.reprefills = 0
-        self.rows: list[dict[str, Any]] = []
         self.samples: list[dict[str, Any]] = []  # `throughput` timeline records (pivotrl.sim.sampling)
-        self.window0: float | None = None
-        self.base: dict[str, Any] | None = None
-        self.last_step_end = 0.0
+        self.base: dict[str, Any] | None = None  # the totals at the end of the warm-up step
         self.peak_kv = {r: 0.0 for r in INFERENCE_ROLES}  # max K / capacity over replicas
         self.preemptions = 0  # of retired replicas; live ones are added in the summary
 
@@ -93,25 +90,19 @@ class RunStats:
                 "planner_calls": getattr(rt.ctrl, "planner_calls", 0)}
 
     def step_done(self, rt: "SimRuntime", act) -> dict[str, Any]:
-        f = dict(act.fields)
+        """The simulator's own fields of the row of step `act` (the `Recorder` adds the common
+        ones: time, step time, throughput); the totals are taken at the end of the warm-up step."""
+        f = act.fields
         now = rt.now
-        step_time = now - self.last_step_end
-        row = {
-            "step": act.step, "time_s": now, "step_time_s": step_time,
-            "throughput_tokens_per_s": f["tokens"] / step_time if step_time > 0 else 0.0,
+        if act.step == self.s.warmup:
+            self.base = self._totals(rt)
+        return {
             "rollout_s": (f["rollout_done_at"] or now) - f["released_at"],
             "reward_s": (f["reward_done_at"] or now) - (f["rollout_done_at"] or now),
             "train_wait_s": f["train_start"] - (f["reward_done_at"] or now),
             "planner_s_total": getattr(rt.ctrl, "planner_seconds", 0.0),
             "aborts_total": self.aborts, "reprefills_total": self.reprefills,
-            **f,
         }
-        self.last_step_end = now
-        self.rows.append(row)
-        if act.step == self.s.warmup:
-            self.window0 = now
-            self.base = self._totals(rt)
-        return row
 
     # -- summary -----------------------------------------------------------------------------
     def ideal_time(self, batches: list[int]) -> dict[str, float]:
@@ -131,16 +122,16 @@ class RunStats:
         w["total"] = (w["rollout"] + w["reward"] + w["train"]) / s.num_devices
         return w
 
-    def summary(self, rt: "SimRuntime", wall_s: float) -> dict[str, Any]:
-        s, cfg = self.s, self.s.cfg
+    def summary(self, rt: "SimRuntime", wall_s: float, rec: Any) -> dict[str, Any]:
+        """The simulator's own summary figures over the `Recorder` `rec`'s measurement window (its
+        rows and window start; it adds the common figures: throughput, steps, step times)."""
+        s = self.s
         end = self._totals(rt)
         base = self.base or {"roles": {r: [0.0, 0.0, 0.0] for r in INFERENCE_ROLES}, "replica_shifts": 0,
                              "shift_device_s": 0.0, "planner_s": 0.0, "planner_calls": 0}
-        t0 = self.window0 if self.window0 is not None else 0.0
-        measured = [r for r in self.rows if r["step"] > s.warmup]
+        t0 = rec.window0 if rec.window0 is not None else 0.0
+        measured = [r for r in rec.rows if r["step"] > s.warmup]
         span = rt.now - t0
-        tokens = sum(r["tokens"] for r in measured)
-        thr = tokens / span if span > 0 else 0.0
         ideal = self.ideal_time([r["batch"] for r in measured])
         dev_s = s.num_devices * span if span > 0 else 1.0
         busy = {r.value: (end["roles"][r][0] - base["roles"][r][0]) / dev_s for r in INFERENCE_ROLES}
@@ -148,13 +139,7 @@ class RunStats:
         train_dev_s = sum(max(0.0, min(e, rt.now) - max(st, t0)) * g for st, e, g in self.train)
         busy["train"] = train_dev_s / dev_s
         n_meas = max(len(measured), 1)
-        mode = cfg.deploy.mode.value if hasattr(cfg.deploy.mode, "value") else str(cfg.deploy.mode)
         return {
-            "deploy": mode, "models": cfg.models.name, "cluster": "sim",
-            "devices": s.num_devices, "steps": len(self.rows), "warmup_steps": s.warmup,
-            "measured_steps": len(measured),
-            "prompts_per_step": s.workload.P, "group_size": s.workload.G,
-            "throughput_tokens_per_s": thr, "measured_tokens": tokens, "measured_time_s": span,
             "ideal_time_s": ideal["total"] * len(measured) / n_meas if measured else 0.0,
             "ideal_efficiency": (ideal["total"] / span) if span > 0 and measured else 0.0,
             "ideal_work_device_s": {k: v for k, v in ideal.items() if k != "total"},
@@ -171,5 +156,4 @@ class RunStats:
             "kv_preemptions": self.preemptions + sum(rep.preemptions for rep in rt.replicas.values()),
             "allocation": {r.value: v for r, v in s.allocation.items()},
             "sim_time_s": rt.now, "wall_s": wall_s,
-            "step_time_s": [r["step_time_s"] for r in self.rows],
         }

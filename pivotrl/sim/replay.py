@@ -321,7 +321,7 @@ def replay(cfg: Any, consts: ReplayConstants, workload: ReplayWorkload, steps: i
     plus `step_rows`, the sim's per-step records (phase times: rollout_done_at, reward_done_at, ...)."""
     rt = ReplayRuntime(replay_setup(cfg, consts, workload, steps, warmup, num_devices), consts, tracker)
     out = rt.run()
-    out["step_rows"] = list(rt.stats.rows)
+    out["step_rows"] = list(rt.rec.rows)
     return out
 
 

@@ -65,6 +65,7 @@ class SimRuntime:
         ctx = self._contexts()
         self.peak = {r: c.peak_per_device(ctx[r]) for r, c in setup.costs.items()}
         self.stats = RunStats(setup, self.peak)
+        self.rec: Any = None  # the run's `Recorder` (rows, measurement window), set by `run`
         self.progress = progress
         self._bar = None
         self._last_progress = 0.0
@@ -96,9 +97,9 @@ class SimRuntime:
         from pivotrl.runtime.recorder import Recorder
 
         r = resolve(self.cfg)
-        rec = Recorder(self.tracker, mode=self.ctrl.name, models=self.cfg.models.name, runtime="sim",
-                       devices=self.s.num_devices, steps=self.s.steps, warmup=self.s.warmup,
-                       prompts_per_step=r.prompts_per_step, group_size=r.group_size)
+        rec = self.rec = Recorder(self.tracker, mode=self.ctrl.name, models=self.cfg.models.name, runtime="sim",
+                                  devices=self.s.num_devices, steps=self.s.steps, warmup=self.s.warmup,
+                                  prompts_per_step=r.prompts_per_step, group_size=r.group_size)
         if self.progress:
             from tqdm import tqdm
 
@@ -195,14 +196,15 @@ class SimRuntime:
     def step_fields(self, act: StepDone, now: float) -> dict[str, Any]:
         row = self.stats.step_done(self, act)
         if self._bar is not None:
+            step_s = now - self.rec.last_step_end
             self._bar.update(1)
-            self._bar.set_postfix(tok_s=f"{row['throughput_tokens_per_s']:.0f}")
+            self._bar.set_postfix(tok_s=f"{act.fields['tokens'] / step_s if step_s > 0 else 0.0:.0f}")
         return row
 
     def finish(self) -> dict[str, Any]:
         for rid in list(self.replicas):
             self.replicas[rid].advance(self.t)
-        return self.stats.summary(self, time.perf_counter() - self._wall0)
+        return self.stats.summary(self, time.perf_counter() - self._wall0, self.rec)
 
     def dispatch(self, act: Dispatch) -> None:
         role, costs, wl = act.role, self.s.costs[act.role], self.s.workload

@@ -100,6 +100,6 @@ def test_reward_batch_barrier_slows_disaggregated_when_on(make_cfg):
     assert rt_on.ctrl.env.reward_batch_barrier and not rt_off.ctrl.env.reward_batch_barrier
     # the GenRM starts a batch only after its rollout ends: reward finishes later, nothing is faster
     assert on["throughput_tokens_per_s"] < off["throughput_tokens_per_s"]
-    done_on = [r["reward_done_at"] for r in rt_on.stats.rows]
-    done_off = [r["reward_done_at"] for r in rt_off.stats.rows]
+    done_on = [r["reward_done_at"] for r in rt_on.rec.rows]
+    done_off = [r["reward_done_at"] for r in rt_off.rec.rows]
     assert all(a >= b for a, b in zip(done_on, done_off)) and sum(done_on) > sum(done_off)
