@@ -7,8 +7,9 @@ for a reader in another process of that node, e.g. vLLM's workers). Both are mad
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from pivotrl.gps.transports import BufferRef
 
@@ -37,6 +38,11 @@ class FileManifest:
     nbytes: int
     entries: tuple[tuple[str, int, tuple[int, ...], str], ...]
     _finalizer: Any = field(default=None, repr=False)
+
+    def hold_lease(self, release: Callable[..., Any], *args: Any) -> None:
+        """Tie the store's lease of this version to the manifest: `release(*args)` runs once, on
+        `release()` or when the manifest is garbage-collected (the store calls this)."""
+        self._finalizer = weakref.finalize(self, release, *args)
 
     def release(self) -> None:
         if self._finalizer is not None:

@@ -438,7 +438,7 @@ class GlobalParameterStore:
             return None
         entries = tuple((t.name, layout.entries[t.name].offset, t.shape, t.dtype) for t in spec.tensors)
         man = FileManifest(model, v, ref.path, ref.nbytes, entries)
-        man._finalizer = weakref.finalize(man, _release, self.table, self.transport, model, v)
+        man.hold_lease(_release, self.table, self.transport, model, v)
         return man
 
     # -- validation ---------------------------------------------------------------------------
