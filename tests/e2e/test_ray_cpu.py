@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 P, G = 4, 4
 RUN = ["cluster=ray", "cluster.accelerator=cpu", "cluster.address=local", "cluster.num_devices=4",
        "models.genrm.tp=2", "models.bootstrap.genrm_arch=qwen3_moe", "models.bootstrap.dtype=bfloat16",
-       "train.steps=2", f"train.prompts_per_step={P}", f"train.group_size={G}", "logging.wandb_mode=disabled",
-       "logging.progress=false"]
+       "train.steps=2", f"train.prompts_per_step={P}", f"train.group_size={G}", "data.val_size=16",
+       "logging.wandb_mode=disabled", "logging.progress=false"]
 
 
 def _records(run_dir: Path, name: str) -> list[dict]:
