@@ -277,10 +277,6 @@ class CPUEngine:
             self.version = int(version)
             self._restart_interval()  # the load is not decode time (the runtime times it)
 
-    def load_weights_from_gps(self, manifest: object, version: int) -> None:
-        """`load_weights` of a leased GPS `FileManifest`."""
-        self.load_weights(manifest, version)  # type: ignore[arg-type]
-
     def release_memory(self, level: int = 2) -> None:
         """Drop the KV cache; level 2 also drops the model (re-read from the folder on
         reacquire), level 1 keeps it (on CPU host memory *is* the device: a frozen model then

@@ -395,8 +395,9 @@ class VLLMEngine:
     def load_weights(self, state_dict: Mapping[str, object], version: int) -> None:
         """Replace the weights of the serving engine in place and drop its prefix cache (those
         blocks were computed under the old weights). `state_dict` may also be a leased GPS
-        `FileManifest` (`load_weights_from_gps`). On failure the engine aborts its sequences,
-        shuts down and raises `EngineLoadError` carrying their tokens."""
+        `FileManifest`: the workers map its file and read the tensors as views (`vllm_worker.py`),
+        in buckets of `EngineConfig.vllm_weight_bucket_mb` on CUDA. On failure the engine aborts
+        its sequences, shuts down and raises `EngineLoadError` carrying their tokens."""
         self._check_live()
         try:
             self._load(state_dict)
@@ -404,12 +405,6 @@ class VLLMEngine:
         except Exception as e:  # noqa: BLE001 - typed for the runtime, engine made unusable
             raise self._fail(EngineLoadError, "load", e) from e
         self.version = int(version)
-
-    def load_weights_from_gps(self, manifest: Any, version: int) -> None:
-        """Load a GPS node buffer (`FileManifest`, leased by the caller) in place: the workers
-        map its file and read the tensors as views (`vllm_worker.py`), in buckets of
-        `EngineConfig.vllm_weight_bucket_mb` on CUDA. Failure: as `load_weights`."""
-        self.load_weights(manifest, version)
 
     def _load(self, weights: Any) -> None:
         """Into the workers: a GPS `FileManifest` (they map its file) or a state dict."""

@@ -12,10 +12,10 @@ Owns the two public halves and the tensor iterator they share:
   every tensor has arrived. No gather, no rank holds the whole model, and one host copy per byte
   per node buffer (a device-to-host copy on GPU). Returns the new GPS version on every rank.
 - `load_from_gps(engine, store, model, node, version)`: lease the version, get the node buffer's
-  file manifest (`GlobalParameterStore.file_manifest`) and let the engine load it
-  (`load_weights_from_gps`: vLLM's workers map the file and read tensors as views, on CUDA
-  through a reused pinned bucket and one host-to-device copy per bucket; the CPU engine copies
-  from the views). Where the buffer is no
+  file manifest (`GlobalParameterStore.file_manifest`) and let the engine load it (both
+  engines' `load_weights` take a manifest: vLLM's workers map the file and read tensors as views,
+  on CUDA through a reused pinned bucket and one host-to-device copy per bucket; the CPU engine
+  copies from the views). Where the buffer is no
   file (the single-process `shm` transport) or not a whole copy, it falls back to a GPS read into
   fresh tensors and `load_weights`. Returns the timing as a measured event (seconds, bytes, GB/s,
   which path), never a timeout: a slow load is recorded, not fatal.

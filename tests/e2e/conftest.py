@@ -1,6 +1,7 @@
 """Shared fixtures of the end-to-end runs: one Ray session per module, tiny random models + data."""
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,32 @@ def make_local_cfg(assets, mode: str, overrides: list[str] = ()):
         "cluster.max_wall_s=600", "engine.max_num_seqs=32", "engine.kv_capacity_tokens=8192",
         "train.steps=2", "train.prompts_per_step=2", "train.group_size=4", "logging.wandb_mode=disabled",
         "logging.progress=false", *overrides])
+
+
+@contextlib.contextmanager
+def policy_executor(policy: Path, num_devices: int = 2):
+    """A private cluster of `num_devices` CPU devices, GPS on it holding `policy`, and an executor
+    whose rollout slots host `policy` on the CPU engine (ready); everything closed on exit."""
+    from pivotrl.config.engine import EngineConfig
+    from pivotrl.config.gps import GPSConfig
+    from pivotrl.core.types import Role
+    from pivotrl.runtime.cluster import ClusterSpec, start_cluster
+    from pivotrl.runtime.executor import Executor
+    from pivotrl.runtime.params import ParamSource
+    from pivotrl.runtime.roles import RoleSpec
+
+    cl = start_cluster(ClusterSpec(kind="local", num_devices=num_devices, node_size=num_devices))
+    params = ParamSource.create(GPSConfig(transport="ray"), cl.ray_node_ids())
+    ex = None
+    try:
+        params.register_hf("policy", str(policy), frozen=False)
+        eng = EngineConfig(name="cpu", num_threads=1, kv_capacity_tokens=4096)
+        ex = Executor(cl, lambda slot, i: RoleSpec(slot.role, "policy", str(policy), engine=eng), params,
+                      {Role.ROLLOUT: "policy"})
+        ex.wait_ready()
+        yield ex
+    finally:
+        if ex is not None:
+            ex.close()
+        params.close()
+        cl.shutdown()

@@ -90,24 +90,11 @@ def test_resume_reaches_the_uninterrupted_step_and_version(ray_session, tiny_ass
 def test_device_killed_before_shift_up_is_respawned_and_shifted(ray_session, tiny_assets):
     """Mid-shift fault at the executor: a device whose actor died is respawned on its bundle and the
     shift still brings every slot up; the measured halves feed tau_shift."""
-    from pivotrl.config.engine import EngineConfig
     from pivotrl.core.types import Role, ShiftPlan, Slot
-    from pivotrl.runtime.cluster import ClusterSpec, start_cluster
-    from pivotrl.runtime.executor import Executor
-    from pivotrl.runtime.params import ParamSource
-    from pivotrl.runtime.roles import RoleSpec
+    from tests.e2e.conftest import policy_executor
 
     ray = ray_session
-    from pivotrl.config.gps import GPSConfig
-
-    cl = start_cluster(ClusterSpec(kind="local", num_devices=2, node_size=2))
-    params = ParamSource.create(GPSConfig(transport="ray"), cl.ray_node_ids())
-    params.register_hf("policy", str(tiny_assets["policy"]), frozen=False)
-    eng = EngineConfig(name="cpu", num_threads=1, kv_capacity_tokens=4096)
-    ex = Executor(cl, lambda slot, i: RoleSpec(slot.role, "policy", str(tiny_assets["policy"]), engine=eng),
-                  params, {Role.ROLLOUT: "policy"})
-    try:
-        ex.wait_ready()
+    with policy_executor(tiny_assets["policy"]) as ex:
         ray.kill(ex.actors[1], no_restart=True)
         up = ShiftPlan(Role.ROLLOUT, up=[Slot(Role.ROLLOUT, 0, 1), Slot(Role.ROLLOUT, 1, 1)])
         res = ex.run_shift(up)
@@ -120,7 +107,3 @@ def test_device_killed_before_shift_up_is_respawned_and_shifted(ray_session, tin
         ups = [t for t in res.timings if t["direction"] == "up"]
         assert ups and all(t["gps_file"] == 1.0 and t["gps_bytes"] > 0 for t in ups), \
             "each device read its node's GPS file itself"
-    finally:
-        ex.close()
-        params.close()
-        cl.shutdown()

@@ -13,27 +13,19 @@ from pivotrl.core.types import Role, ShiftPlan, Slot
 @pytest.mark.slow
 def test_validation_runs_on_a_rollout_replica_of_the_cluster(ray_session, tiny_assets):
     from pivotrl.config.engine import EngineConfig
-    from pivotrl.config.gps import GPSConfig
     from pivotrl.engines.cpu_engine import CPUEngine
     from pivotrl.engines.protocol import GenerationRequest, SamplingParams
-    from pivotrl.runtime.cluster import ClusterSpec, start_cluster
-    from pivotrl.runtime.executor import Executor
-    from pivotrl.runtime.params import ParamSource
-    from pivotrl.runtime.roles import RoleSpec
     from pivotrl.runtime.validation import RemoteEngine, rollout_replica
+    from tests.e2e.conftest import policy_executor
 
-    cl = start_cluster(ClusterSpec(kind="local", num_devices=2, node_size=2))
-    params = ParamSource.create(GPSConfig(transport="ray"), cl.ray_node_ids())
-    params.register_hf("policy", str(tiny_assets["policy"]), frozen=False)
-    eng = EngineConfig(name="cpu", num_threads=1, kv_capacity_tokens=4096)
-    ex = Executor(cl, lambda slot, i: RoleSpec(slot.role, "policy", str(tiny_assets["policy"]), engine=eng),
-                  params, {Role.ROLLOUT: "policy"})
     greedy = SamplingParams(temperature=0.0, max_tokens=12)
     reqs = [GenerationRequest(seq_id=(1 << 40) + i, prompt_ids=[3 + i, 5, 7], params=greedy) for i in range(3)]
     local = CPUEngine(tiny_assets["policy"], EngineConfig(name="cpu", num_threads=1))
     try:
-        ex.wait_ready()
         want = [c.token_ids for c in local.generate(reqs)]
+    finally:
+        local.shutdown()
+    with policy_executor(tiny_assets["policy"]) as ex:
         with rollout_replica(ex, 1) as (actor, device):  # nothing serves: one is shifted up for it
             assert device == 0 and ex.serving() == {0: Role.ROLLOUT}
             got = [c.token_ids for c in RemoteEngine(actor, device, poll_s=0.05).generate(reqs)]
@@ -46,11 +38,6 @@ def test_validation_runs_on_a_rollout_replica_of_the_cluster(ray_session, tiny_a
             assert device == 1
             assert [c.token_ids for c in RemoteEngine(actor, device, poll_s=0.05).generate(reqs[:1])] == want[:1]
         assert len(ex.shift_log) == shifts and ex.serving() == {1: Role.ROLLOUT}
-    finally:
-        local.shutdown()
-        ex.close()
-        params.close()
-        cl.shutdown()
 
 
 def test_a_device_that_stops_progressing_is_an_error_naming_it(monkeypatch):
