@@ -29,7 +29,8 @@ from pathlib import Path
 from pivotrl.bench.common import parser, print_table, write_json
 
 
-def _batch(n: int, seed: int, version: int):
+def random_batch(n: int, seed: int, version: int):
+    """`n` random sequences (16-32 prompt, 8-32 response tokens, ids < 100) at `version`."""
     from pivotrl.trainer.train_batch import TrainBatch
 
     rng = random.Random(seed)
@@ -164,7 +165,7 @@ def main(argv: list[str]) -> int:
                 times = []
                 for s in range(a.steps):
                     t = time.perf_counter()
-                    tr.step(_batch(n, s, tr.version))
+                    tr.step(random_batch(n, s, tr.version))
                     times.append(time.perf_counter() - t)
                 t = time.perf_counter()
                 tr.state_dict()

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from pivotrl.bench.common import parser, print_table, write_json
+from pivotrl.bench.trainer import random_batch
 
 #: model sizes (TinyModelConfig overrides): the tests' tiny policy and a 21M-parameter one
 SIZES = {
@@ -40,26 +41,13 @@ SIZES = {
 MODES = ("none", "blocking", "async")
 
 
-def _batch(n: int, seed: int, version: int):
-    """`n` random sequences (16-32 prompt, 8-32 response tokens, ids < 100) at `version`."""
-    import random
-
-    from pivotrl.trainer.train_batch import TrainBatch
-
-    rng = random.Random(seed)
-    return TrainBatch(
-        prompt_ids=[[rng.randrange(4, 100) for _ in range(rng.randint(16, 32))] for _ in range(n)],
-        response_ids=[[rng.randrange(4, 100) for _ in range(rng.randint(8, 32))] for _ in range(n)],
-        versions=[version] * n, rewards=[rng.random() for _ in range(n)], group_ids=[i // 8 for i in range(n)])
-
-
 def _folder_mib(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
 
 
 def _rounds(w, size: str, repeats: int, work: Path, modes: tuple[str, ...], world_size: int) -> list[dict]:
     """The rounds on worker `w` (every rank runs them; rank 0's timings are the rows)."""
-    w.step(_batch(16, 0, w.version))  # AdamW moments exist from here on
+    w.step(random_batch(16, 0, w.version))  # AdamW moments exist from here on
     per: dict[str, dict[str, list[float]]] = {m: {"blocks": [], "steps": [], "waits": [], "totals": []}
                                               for m in modes}
     mib: dict[str, float] = {m: 0.0 for m in modes}
@@ -70,7 +58,7 @@ def _rounds(w, size: str, repeats: int, work: Path, modes: tuple[str, ...], worl
             if mode != "none":
                 w.save_checkpoint(path, {"round": k}, blocking=mode == "blocking")
             t1 = time.perf_counter()
-            w.step(_batch(16, 200 + k, w.version))
+            w.step(random_batch(16, 200 + k, w.version))
             t2 = time.perf_counter()
             w.wait_checkpoint()
             t3 = time.perf_counter()

@@ -17,22 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from pivotrl.config.trainer import TrainerConfig
 from pivotrl.trainer import trainer_checkpoint
 from pivotrl.trainer.trainer import Trainer
 from pivotrl.trainer.trainer_checkpoint import CheckpointError, checkpoint_dir, latest_checkpoint
-from pivotrl.models.tiny import TinyModelConfig, create_tiny_model
-from tests.trainer.test_trainer import _assert_state_close, _batch
+from pivotrl.models.tiny import create_tiny_model
+from tests.trainer.test_trainer import TINY, _assert_state_close, _batch, _cfg
 
 torch.set_num_threads(1)
 
-TINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
-
-
-def _cfg(**kw) -> TrainerConfig:
-    base = dict(lr=1e-2, micro_batch_size=4, kl_coef=0.05, staleness=0, device="cpu", num_threads=1, timeout_s=120.0)
-    base.update(kw)
-    return TrainerConfig(**base)
 
 
 @pytest.fixture(scope="module")
