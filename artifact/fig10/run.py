@@ -52,7 +52,7 @@ def collect(out: Path, quick: bool) -> list[dict]:
         run_dir = out / "runs" / m
         s = run_one([*base, f"deploy={m}"], run_dir)
         print(f"  {m:14s} {s['throughput_tokens_per_s']:9.0f} tok/s  allocation {s.get('allocation')}  "
-              f"shifts/step {s['shifts_per_step']:.1f}")
+              f"shift plans/step {s['shift_plans_per_step']:.1f} ({s['replica_shifts_per_step']:.1f} replica moves)")
         rows += rows_of(run_dir, m)
     return rows
 

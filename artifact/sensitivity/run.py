@@ -127,7 +127,7 @@ def collect(out: Path, quick: bool, groups: list[str], jobs: int = 1,
             alloc = by[(g, name, v, "disaggregated")].get("allocation_choice", {}).get("allocation", "")
             r["disaggregated_allocation"] = alloc
             ps = by[(g, name, v, "pivot")]
-            r["pivot_shifts_per_step"] = ps["shifts_per_step"]
+            r["pivot_shift_plans_per_step"] = ps["shift_plans_per_step"]
             r["pivot_train_busy_of_home"] = ps["busy_fraction"]["train"] * ps["devices"] / max(
                 int(ps["allocation"].get("train", 0)), 1)
             r["pivot_training_ceiling"] = training_ceiling(out / "runs" / f"{g}_{_tag(name, v)}_pivot", ps)

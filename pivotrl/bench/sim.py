@@ -52,7 +52,7 @@ def run_cell(group: str, mode: str, steps: int, cache: Path, extra: list[str], j
     s = simulate(cfg, alloc)
     row = {"group": group, "mode": label or mode, "allocation": info.get("allocation") or info.get("train_home", "all"),
            "tokens_per_s": s["throughput_tokens_per_s"], "ideal_eff": s["ideal_efficiency"],
-           "shifts_per_step": s["shifts_per_step"], "below20": s["below_20pct_fraction"],
+           "shift_plans_per_step": s["shift_plans_per_step"], "below20": s["below_20pct_fraction"],
            "step_s": s["measured_time_s"] / max(s["measured_steps"], 1),
            "sweep_s": t_sweep, "sweep_runs": info.get("sweep_runs", 0), "sim_wall_s": s["wall_s"]}
     paper = paper_allocation(cfg)

@@ -49,6 +49,7 @@ Decisions (the brief and paper are silent or loose; written down here):
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal
 
@@ -115,6 +116,7 @@ class ShiftAwareScheduler:
         self.replicas: dict[str, ReplicaState] = {}
         self._heap: list[tuple[Any, int]] = []
         self._queued: dict[int, Sequence] = {}
+        self._lens: list[tuple[int, int]] = []  # (length, seq id) of queued sequences, lazily pruned
         self._where: dict[int, str] = {}
         self._is_clone = False
         self._journal: dict[int, str] | None = None
@@ -201,8 +203,27 @@ class ShiftAwareScheduler:
         self._note(seq.seq_id)
         key = seq.seq_id if self.priority is None else self.priority(seq)
         heapq.heappush(self._heap, (key, seq.seq_id))
+        heapq.heappush(self._lens, (seq.length, seq.seq_id))
         self._queued[seq.seq_id] = seq
         self._where[seq.seq_id] = QUEUE
+
+    def _shortest_queued(self) -> int | None:
+        """Length of the shortest queued sequence (None: empty queue). Entries of sequences that
+        left the queue, or grew while queued (`progress`), are dropped as they surface."""
+        lens, queued = self._lens, self._queued
+        while lens:
+            length, sid = lens[0]
+            seq = queued.get(sid)
+            if seq is not None and seq.length == length:
+                return length
+            heapq.heappop(lens)
+        return None
+
+    def _fit(self, positions: np.ndarray | None) -> float:
+        """The most free KV on a replica with a free sequence slot (-inf: none has a slot)."""
+        free, room = (self._free, self._room) if positions is None else (self._free[positions], self._room[positions])
+        ok = room >= 1
+        return float(free[ok].max()) if ok.any() else -math.inf
 
     def _begin(self) -> None:
         self._journal = {}
@@ -226,23 +247,33 @@ class ShiftAwareScheduler:
         """Place queued sequences in priority order; those that fit nowhere are skipped and keep
         their place (module docstring: Admission, Dispatch)."""
         heap, queued = self._heap, self._queued
+        room = self._room if positions is None else self._room[positions]
+        if not len(room) or room.max() < 1:
+            return  # no replica has a free sequence slot
         skipped: list[tuple[Any, int]] = []
         failed = float("inf")  # shortest length that found no replica in this call
-        room = self._room if positions is None else self._room[positions]
-        while heap and len(room) and room.max() >= 1:
+        reserve = self.kv_reserve
+        fit: float | None = None  # once a sequence fits nowhere: the most free KV on a replica with a slot
+        while heap:
+            if fit is not None:
+                shortest = self._shortest_queued()
+                if shortest is None or shortest + reserve > fit:
+                    break  # every sequence left fits nowhere now: all keep their places
             entry = heapq.heappop(heap)
             seq = queued.get(entry[1])
             if seq is None:  # stale entry (dispatched or finished since it was pushed)
                 continue
-            i = -1 if seq.length >= failed else self._best_replica(seq.length, positions)
+            fits = seq.length < failed and (fit is None or seq.length + reserve <= fit)
+            i = self._best_replica(seq.length, positions) if fits else -1
             if i < 0:
                 failed = min(failed, seq.length)
                 skipped.append(entry)  # fits nowhere now: keeps its place for the next call
+                fit = self._fit(positions)
                 continue
             del queued[entry[1]]
             self._place(seq, i)
-            if positions is not None:
-                room = self._room[positions]
+            if fit is not None:
+                fit = self._fit(positions)
         for entry in skipped:
             heapq.heappush(heap, entry)
 
@@ -416,6 +447,8 @@ class ShiftAwareScheduler:
         delta = generated - seq.generated
         seq.generated = generated
         where = self._where[seq_id]
+        if where == QUEUE and delta:
+            heapq.heappush(self._lens, (seq.length, seq_id))
         if where != QUEUE and delta:
             rep = self.replicas[where]
             rep._k += delta
@@ -484,6 +517,7 @@ class ShiftAwareScheduler:
                       for rid, r in self.replicas.items()}
         c._heap = list(self._heap)
         c._queued = dict(self._queued)
+        c._lens = list(self._lens)
         c._where = dict(self._where)
         c._is_clone = True
         c._journal = None
@@ -510,6 +544,8 @@ class ShiftAwareScheduler:
         assert seen == self._where, "location index out of sync"
         live = {sid for _, sid in self._heap}
         assert set(self._queued) <= live, "queued sequence missing from the heap"
+        lens = set(self._lens)
+        assert all((s.length, sid) in lens for sid, s in self._queued.items()), "queued length missing"
         assert self._ids == list(self.replicas) and len(self._n) == len(self._ids)
         for i, rid in enumerate(self._ids):
             rep = self.replicas[rid]

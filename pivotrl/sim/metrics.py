@@ -85,7 +85,8 @@ class RunStats:
             acc[0] += rep.busy_s * rep.tp
             acc[1] += rep.high_s * rep.tp
             acc[2] += rep.tokens
-        return {"roles": out, "replica_shifts": self.replica_shifts, "shift_device_s": self.shift_device_s,
+        return {"roles": out, "replica_shifts": self.replica_shifts, "shift_plans": self.shift_plans,
+                "shift_device_s": self.shift_device_s,
                 "planner_s": getattr(rt.ctrl, "planner_seconds", 0.0),
                 "planner_calls": getattr(rt.ctrl, "planner_calls", 0)}
 
@@ -128,7 +129,7 @@ class RunStats:
         s = self.s
         end = self._totals(rt)
         base = self.base or {"roles": {r: [0.0, 0.0, 0.0] for r in INFERENCE_ROLES}, "replica_shifts": 0,
-                             "shift_device_s": 0.0, "planner_s": 0.0, "planner_calls": 0}
+                             "shift_plans": 0, "shift_device_s": 0.0, "planner_s": 0.0, "planner_calls": 0}
         t0 = rec.window0 if rec.window0 is not None else 0.0
         measured = [r for r in rec.rows if r["step"] > s.warmup]
         span = rt.now - t0
@@ -146,8 +147,11 @@ class RunStats:
             "peak_tokens_per_s_per_device": {r.value: v for r, v in self.peak.items()},
             "busy_fraction": busy,
             "below_20pct_fraction": max(0.0, 1.0 - (high + train_dev_s) / dev_s),
-            "num_shifts": self.replica_shifts,
-            "shifts_per_step": (end["replica_shifts"] - base["replica_shifts"]) / n_meas,
+            "num_shifts": self.replica_shifts,  # replica moves (each replica shifted up or down), as the real runtimes count
+            "replica_shifts_per_step": (end["replica_shifts"] - base["replica_shifts"]) / n_meas,
+            # executed shift plans (one shift-down set + one shift-up set, the planner's or training's):
+            # the paper's unit ("a single shift decision ... which resources to move", §3; Fig. 14)
+            "shift_plans_per_step": (end["shift_plans"] - base["shift_plans"]) / n_meas,
             "shift_device_s_per_step": (end["shift_device_s"] - base["shift_device_s"]) / n_meas,
             "planner_overhead_s": end["planner_s"], "planner_calls": end["planner_calls"],
             "planner_decisions": self.decisions,
