@@ -75,6 +75,9 @@ def register_configs() -> None:
         cs.store(group="deploy/planner", name=f"{strategy}_planner_schema", node=schema)
     cs.store(group="models", name="models_schema", node=ModelsConfig)
     cs.store(group="cluster", name="cluster_schema", node=ClusterConfig)
+    # multirun folder names: an override of a nested group (`deploy/planner=rule`) would nest folders
+    if not OmegaConf.has_resolver("path_safe"):
+        OmegaConf.register_new_resolver("path_safe", lambda s: str(s).replace("/", "."))
 
 
 def load(dcfg: Any) -> PivotConfig:
