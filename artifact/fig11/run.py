@@ -53,7 +53,8 @@ def collect(out, quick: bool) -> list[dict]:
             rows.append({"models": g, "variant": label, "throughput_tokens_per_s": s["throughput_tokens_per_s"],
                          "sim_over_disaggregated": round(sim_r, 3), "paper_over_disaggregated": p or "",
                          "ratio_sim_over_paper": round(sim_r / p, 3) if p else "",
-                         "ideal_efficiency": s["ideal_efficiency"], "num_shifts": s["num_shifts"]})
+                         "ideal_efficiency": s["ideal_efficiency"], "num_shifts": s["num_shifts"],
+                         "shift_plans_per_step": round(s["shift_plans_per_step"], 2)})
     return rows
 
 

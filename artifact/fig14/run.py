@@ -35,7 +35,8 @@ def plot(csv_path, png_path) -> None:
     ax.set_ylabel("tokens / s")
     ax2 = ax.twinx()
     ax2.plot(xs, [float(r["shifts_per_step"]) for r in rows], "o-", color="#c33")
-    ax2.set_ylabel("shifts per step", color="#c33")
+    ax2.set_ylabel("shifts (plans) per step", color="#c33")
+    ax2.set_ylim(bottom=0)
     ax.set_title("Sensitivity to H")
     save_figure(fig, png_path)
 
