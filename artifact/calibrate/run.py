@@ -1,6 +1,8 @@
 """Fit the simulator's E-tagged constants to the paper's *baseline* measurements (Fig. 9), pivot held out.
 
-`python -m artifact.calibrate.run [--write] [--rounds 2] [--jobs 2] [--quick]`
+`python -m artifact.calibrate.run [--write] [--rounds 2] [--jobs 2] [--quick]`; trials, never written:
+`--extra NAME` (fit a constant the committed fit leaves alone), `--trial-grid NAME=V1,V2,...` (fit
+NAME over a grid outside its declared range, e.g. `flops_moe=6e12,9e12,13e12,18e12,25e12,40e12`).
 
 What is fitted (each within a declared physical range, ../shared/calibration.md §4-5):
 - once for the hardware (all four groups): `cluster.hardware.mfu`, the training MFU on H20 (range
@@ -82,7 +84,6 @@ OPTIONAL = {  # --extra NAME: constants not in the committed fit, for a trial fi
                    "hardware"),  # per-iteration engine overhead: verl's rollout runs vLLM eager (no CUDA graphs)
 }
 BY_NAME = {c.name: c for c in [*CONSTANTS, *OPTIONAL.values()]}
-RANGES = {c.name: (c.lo, c.hi) for c in CONSTANTS}
 EXPECTED = ROOT / "artifact" / "expected" / "fig9.json"
 
 
@@ -255,6 +256,21 @@ def write_yaml(fit: Fitter, rows: list[dict[str, Any]]) -> list[Path]:
     return written
 
 
+def trial_constant(item: str) -> Constant:
+    """`NAME=V1,V2,...` (`--trial-grid`): the fitted constant NAME over that grid, its range the
+    grid's span (a trial outside the declared range: never written to conf/)."""
+    name, _, vals = item.partition("=")
+    c = next((c for c in CONSTANTS if c.name == name), None)
+    try:
+        grid = tuple(sorted(float(v) for v in vals.split(",")))
+    except ValueError:
+        grid = ()
+    if c is None or not grid:
+        raise ValueError(f"--trial-grid {item!r}: expected NAME=V1,V2,... with NAME one of "
+                         f"{', '.join(x.name for x in CONSTANTS)}")
+    return dataclasses.replace(c, lo=grid[0], hi=grid[-1], grid=grid, start=min(max(c.start, grid[0]), grid[-1]))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=RESULTS / "calibrate")
@@ -264,22 +280,36 @@ def main(argv=None) -> int:
     p.add_argument("--write", action="store_true", help="write the fitted values into conf/")
     p.add_argument("--extra", nargs="*", default=[], choices=sorted(OPTIONAL),
                    help="also fit these constants (a trial: --write refuses them)")
+    p.add_argument("--trial-grid", nargs="*", default=[], metavar="NAME=V1,V2,...",
+                   help="a trial outside a constant's declared range: fit NAME over this grid (its range "
+                        "becomes the grid's span; --write refuses it)")
     p.add_argument("--quick", action="store_true", help="one group, one round on a 3-point grid (seconds)")
     args = p.parse_args(argv)
+    if args.extra and args.write:
+        p.error("--extra constants have no yaml line to write: run the trial without --write")
+    if args.trial_grid and args.write:
+        p.error("--trial-grid leaves the declared ranges: run the trial without --write")
+    trials = []
+    for item in args.trial_grid:
+        try:
+            trials.append(trial_constant(item))
+        except ValueError as e:
+            p.error(str(e))
     args.out.mkdir(parents=True, exist_ok=True)
     if args.quick:  # one group, one round, the grid's ends and middle
         args.groups, args.rounds = ["qwen1.5b_glm9b"], 1
         for i, c in enumerate(CONSTANTS):
             CONSTANTS[i] = dataclasses.replace(c, grid=(c.grid[0], c.grid[2], c.grid[-1]))
-    if args.extra and args.write:
-        p.error("--extra constants have no yaml line to write: run the trial without --write")
     CONSTANTS.extend(OPTIONAL[name] for name in args.extra)
+    for c in trials:
+        CONSTANTS[[x.name for x in CONSTANTS].index(c.name)] = BY_NAME[c.name] = c
     t0 = time.perf_counter()
     fit = Fitter(args.out, args.jobs, args.groups)
     fit.fit(args.rounds)
     rows = fit.report()
     write_csv(rows, args.out / "calibrate.csv")
-    (args.out / "fit.json").write_text(json.dumps({"params": fit.params, "ranges": RANGES, "rows": rows,
+    ranges = {c.name: (c.lo, c.hi) for c in CONSTANTS}
+    (args.out / "fit.json").write_text(json.dumps({"params": fit.params, "ranges": ranges, "rows": rows,
                                                    "loss": fit.loss(fit.groups), "sim_runs": fit.evals,
                                                    "wall_s": time.perf_counter() - t0}, indent=1))
     for r in rows:

@@ -88,3 +88,17 @@ def test_point_reports_sim_against_the_paper_with_stage_seconds():
     assert 0 < r["rollout_s"] < r["step_s"] and r["train_s"] > 0
     faster = point("qwen7b_qwen30b", "disaggregated", ["train.steps=3", "cluster.hardware.mfu=0.41"])
     assert faster["train_s"] < r["train_s"]  # the override reaches the run
+
+
+def test_a_trial_grid_leaves_the_declared_range_and_is_never_written(monkeypatch, tmp_path):
+    monkeypatch.setattr(cal, "CONSTANTS", list(cal.CONSTANTS))
+    monkeypatch.setattr(cal, "BY_NAME", dict(cal.BY_NAME))
+    c = cal.trial_constant("flops_moe=25e12,6e12,13e12")
+    assert (c.lo, c.hi, c.grid) == (6e12, 25e12, (6e12, 13e12, 25e12)) and c.lo <= c.start <= c.hi
+    assert c.key == "cluster.hardware.flops_moe" and c.scope == "hardware"
+    for bad in ("nope=1,2", "flops_moe=", "flops_moe=a,b"):
+        with pytest.raises(ValueError, match="NAME=V1,V2"):
+            cal.trial_constant(bad)
+    with pytest.raises(SystemExit):  # refused before anything runs or is written
+        cal.main(["--trial-grid", "flops_moe=6e12,25e12", "--write", "--out", str(tmp_path / "x")])
+    assert not (tmp_path / "x").exists()
