@@ -148,12 +148,15 @@ def test_kill_a_training_rank_says_how_to_resume(ray_session, tiny_assets, tmp_p
 def test_lent_home_device_killed_recovers_the_trainer_at_its_version(ray_session, tiny_assets, tmp_path, hook):
     """pivot lends its training home (device 3, holding the trainer's offloaded state) to inference
     after step 1; it dies there. The next training shift up rebuilds the trainer from the step-1
-    checkpoint: the run ends at version 2, never back at 0."""
+    checkpoint: the run ends at version 2, never back at 0. Two sequences per engine: a queue
+    forms, so the freed home device always has work (with all 8 sequences already running, the
+    fitted throughput model can see no gain in a fourth replica, and the home is not lent)."""
     from pivotrl.run import run
 
     ck1 = tmp_path / "checkpoints" / "step_00000001" / "trainer_state.json"
     h = hook(faults.kill_at("lent_home", device=3, when=ck1.is_file))
-    summary = run(make_local_cfg(tiny_assets, "pivot", ["deploy.staleness=0", "train.steps=3"]), tmp_path)
+    summary = run(make_local_cfg(tiny_assets, "pivot", ["deploy.staleness=0", "train.steps=3",
+                                                        "engine.max_num_seqs=2"]), tmp_path)
     assert h.fired == [("lent_home", 3)]
     assert summary["policy_version"] == 3
     assert summary["samples_trained"] == summary["samples_trained_unique"] == 3 * 2 * 4
