@@ -28,7 +28,7 @@ setup(
         "antlr4-python3-runtime==4.9.3",
     ],
     extras_require={
-        "test": ["pytest>=8", "hypothesis>=6.100", "pytest-xdist>=3.5"],
+        "test": ["pytest>=8", "hypothesis>=6.100", "pytest-xdist>=3.8"],
         # GPU machines: `pip install -e .[gpu]` (add `,nixl` for NIXL transfers: optional).
         # vLLM 0.32.0's CUDA build requires torch==2.13.0, the pin above, so this resolves
         # without touching torch; vLLM 0.33 requires torch==2.14.0 and would need that pin

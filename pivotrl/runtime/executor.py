@@ -460,13 +460,22 @@ class Executor:
         return out
 
     def close(self) -> None:
+        """Close every device actor at once (each stops its engines; a vLLM engine's process takes
+        seconds to go), wait up to 10 s for them all, then kill the actors."""
         import ray
 
+        refs = []
         for a in self.actors.values():
             try:
-                ray.get(a.close.remote(), timeout=10)
+                refs.append(a.close.remote())
             except Exception:
                 pass
+        if refs:
+            try:
+                ray.wait(refs, num_returns=len(refs), timeout=10)
+            except Exception:
+                pass
+        for a in self.actors.values():
             try:
                 ray.kill(a)
             except Exception:

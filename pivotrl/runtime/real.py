@@ -105,8 +105,10 @@ def run_real(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
     error: BaseException | None = None
     try:
         launch.start()
-        before = val_accuracy(cfg, r, launch.executor, tok, val)
         ctrl = make_controller(cfg.deploy.mode, control_env(cfg, r, samples.source))
+        # on the first rollout slot the controller shifts up: that engine is then the run's own
+        first = next((s for p in ctrl.initial_plans() for s in p.up if s.role == Role.ROLLOUT), None)
+        before = val_accuracy(cfg, r, launch.executor, tok, val, first)
         if launch.resume_version:
             ctrl.resume(launch.resume_version)
             if tracker is not None:

@@ -4,13 +4,15 @@ Owns:
 - `RemoteEngine`: the `generate` that `runtime.evaluation` needs, on a device actor: submit the
   requests, then poll until every one of them finished. Bounded: a device that reports no new
   token and no completion for `idle_limit_s` raises, naming the device.
-- `rollout_replica(executor, tp)`: a rollout replica serving the policy's current version, for
-  the time of a validation: one that serves already (the publish brings it to the current
-  version first), else one shifted up for it on the first aligned slot of the pool (whatever held
-  those devices is shifted down; training offloads), shifted down again afterwards, so the
-  controller finds the devices as they were (the engine stays dormant on the device, warm for a
-  later shift up).
-- `val_accuracy(cfg, resolved, executor, tok, val)`: the two together with `evaluation.evaluate`.
+- `rollout_replica(executor, tp, slot=None)`: a rollout replica serving the policy's current
+  version, for the time of a validation: one that serves already (the publish brings it to the
+  current version first), else one shifted up for it on `slot` (the run passes the first rollout
+  slot its controller will shift up, so that engine is the run's own) or, without one, the first
+  aligned slot of the pool (whatever held those devices is shifted down; training offloads),
+  shifted down again afterwards, so the controller finds the devices as they were (the engine
+  stays dormant on the device, warm for the controller's shift up).
+- `val_accuracy(cfg, resolved, executor, tok, val, slot=None)`: the two together with
+  `evaluation.evaluate`.
 
 Validation requests take sequence ids far above any run's (`evaluation`), so they never meet a
 training sequence on a device. Knows nothing about the control plane: it uses the executor's
@@ -66,9 +68,11 @@ def _free_slot(ex: Any, tp: int) -> Slot:
 
 
 @contextlib.contextmanager
-def rollout_replica(ex: Any, tp: int) -> Iterator[tuple[Any, int]]:
+def rollout_replica(ex: Any, tp: int, slot: Slot | None = None) -> Iterator[tuple[Any, int]]:
     """(actor, device) of a rollout replica serving the policy's current version (module
-    docstring); raises the shift's own error if one had to be shifted up and could not be."""
+    docstring): one serving already, else one shifted up on `slot` (a rollout slot of `tp`
+    devices, none retired) or on the pool's first free aligned slot; raises the shift's own error
+    if one had to be shifted up and could not be."""
     serving = [d for d, r in ex.serving().items() if r == Role.ROLLOUT]
     if serving:
         ex.publish_policy()  # a failed load replaces that device: look again
@@ -76,7 +80,10 @@ def rollout_replica(ex: Any, tp: int) -> Iterator[tuple[Any, int]]:
     if serving:
         yield ex.handle(serving[0])[0], serving[0]
         return
-    slot = _free_slot(ex, tp)
+    if slot is None or any(d in ex.retired for d in slot.devices):
+        slot = _free_slot(ex, tp)
+    elif (slot.role, slot.tp) != (Role.ROLLOUT, tp):
+        raise ValueError(f"validation needs a rollout slot of {tp} device(s), got {slot.slot_id}")
     down: dict[str, Slot] = {}
     for d in slot.devices:
         held = ex.hosted.get(d)
@@ -96,11 +103,12 @@ def rollout_replica(ex: Any, tp: int) -> Iterator[tuple[Any, int]]:
             raise back.error
 
 
-def val_accuracy(cfg: Any, r: Any, ex: Any, tok: Any, val: list) -> dict[str, float]:
-    """Held-out accuracy of the policy's current version, on a rollout replica of the cluster."""
+def val_accuracy(cfg: Any, r: Any, ex: Any, tok: Any, val: list, slot: Slot | None = None) -> dict[str, float]:
+    """Held-out accuracy of the policy's current version, on a rollout replica of the cluster
+    (`slot`: where to shift one up if none serves, as `rollout_replica`)."""
     from pivotrl.runtime.evaluation import evaluate
 
-    with rollout_replica(ex, int(r.tp["rollout"])) as (actor, device):
+    with rollout_replica(ex, int(r.tp["rollout"]), slot) as (actor, device):
         d = cfg.data
         return evaluate(RemoteEngine(actor, device, float(cfg.cluster.poll_s)), tok, val,
                         temperature=cfg.algo.rollout_temperature, samples=d.val_samples, seed=int(cfg.seed),

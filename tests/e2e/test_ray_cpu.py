@@ -73,6 +73,13 @@ def check_run(mode: str, tmp_path: Path) -> None:
     reward = [m["role_state"]["reward"] for m in metrics if m["role_state"]["reward"]["replicas"]]
     assert reward and all(s["kv_capacity"] == s["replicas"] * leads[0]["kv_capacity_tokens"] for s in reward)
 
+    # held-out accuracy before the run on a rollout replica shifted up for it, on the slot the
+    # controller then shifts rollout up on: the run's first rollout replica there is that engine
+    val_up, *later = [t for x in summary["shift_log"] for t in x["timings"]
+                      if t["role"] == "rollout" and t["direction"] == "up"]
+    assert summary["shift_log"][0]["timings"] == [val_up] and val_up["cold"]
+    assert any(t["device"] == val_up["device"] and not t["cold"] for t in later), "validated on the run's engine"
+
     # the MoE GenRM judges: its outputs parse
     judged = sum(m["samples"] for m in metrics)
     assert sum(m["genrm_parse_failures"] for m in metrics) <= 0.1 * judged

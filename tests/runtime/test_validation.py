@@ -1,6 +1,7 @@
 """Validation through the cluster's rollout engines: a replica is shifted up for it when none
-serves (and down again after), one that serves is used as it is, and its greedy answers equal an
-engine's in the driver holding the same weights; a device that stops progressing is an error."""
+serves (and down again after; on the slot the run asks for, else the pool's first), one that
+serves is used as it is, and its greedy answers equal an engine's in the driver holding the same
+weights; a device that stops progressing is an error."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -31,8 +32,12 @@ def test_validation_runs_on_a_rollout_replica_of_the_cluster(ray_session, tiny_a
             got = [c.token_ids for c in RemoteEngine(actor, device, poll_s=0.05).generate(reqs)]
         assert got == want, "the same weights give the same greedy answers on the device"
         assert ex.serving() == {} and ex.role_of[0] is None, "shifted down again: the devices as they were"
+        with rollout_replica(ex, 1, Slot(Role.ROLLOUT, 1, 1)) as (actor, device):  # on the slot asked for
+            assert device == 1 and ex.serving() == {1: Role.ROLLOUT}
+        assert ex.serving() == {}
         res = ex.run_shift(ShiftPlan(Role.ROLLOUT, up=[Slot(Role.ROLLOUT, 1, 1)]))
         assert res.error is None
+        assert not res.timings[-1]["cold"], "the validation's engine, dormant on device 1, is the shift's"
         shifts = len(ex.shift_log)
         with rollout_replica(ex, 1) as (actor, device):  # one serves: used as it is
             assert device == 1
@@ -54,3 +59,13 @@ def test_a_device_that_stops_progressing_is_an_error_naming_it(monkeypatch):
     req = SimpleNamespace(seq_id=1 << 40)
     with pytest.raises(RuntimeError, match=r"device 3: no token for 0\.2s with 1 of 1 requests unfinished"):
         RemoteEngine(Silent(), 3, poll_s=0.01, idle_limit_s=0.2).generate([req])
+
+
+def test_a_validation_slot_of_another_role_or_size_is_refused():
+    from pivotrl.runtime.validation import rollout_replica
+
+    ex = SimpleNamespace(serving=lambda: {}, retired=set())
+    for slot in (Slot(Role.REWARD, 0, 1), Slot(Role.ROLLOUT, 0, 2)):
+        with pytest.raises(ValueError, match="validation needs a rollout slot of 1 device"):
+            with rollout_replica(ex, 1, slot):
+                pass
