@@ -203,9 +203,17 @@ class ShiftAwareScheduler:
         self._note(seq.seq_id)
         key = seq.seq_id if self.priority is None else self.priority(seq)
         heapq.heappush(self._heap, (key, seq.seq_id))
-        heapq.heappush(self._lens, (seq.length, seq.seq_id))
         self._queued[seq.seq_id] = seq
         self._where[seq.seq_id] = QUEUE
+        self._push_len(seq)
+
+    def _push_len(self, seq: Sequence) -> None:
+        """Record a queued sequence's length; entries of sequences that left the queue are mostly
+        never at the top, so the heap is rebuilt from the queue when they outnumber it."""
+        if len(self._lens) > 2 * len(self._queued) + 64:
+            self._lens = [(s.length, sid) for sid, s in self._queued.items() if sid != seq.seq_id]
+            heapq.heapify(self._lens)
+        heapq.heappush(self._lens, (seq.length, seq.seq_id))
 
     def _shortest_queued(self) -> int | None:
         """Length of the shortest queued sequence (None: empty queue). Entries of sequences that
@@ -448,7 +456,7 @@ class ShiftAwareScheduler:
         seq.generated = generated
         where = self._where[seq_id]
         if where == QUEUE and delta:
-            heapq.heappush(self._lens, (seq.length, seq_id))
+            self._push_len(seq)
         if where != QUEUE and delta:
             rep = self.replicas[where]
             rep._k += delta

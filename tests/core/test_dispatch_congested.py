@@ -71,3 +71,14 @@ def test_the_same_placements_as_trying_every_queued_sequence():
         # id order with the same gains, so each sequence ends in the same place
         assert {x.seq_id: fast.where(x.seq_id) for x in seqs} == {x.seq_id: ref.where(x.seq_id) for x in seqs}, trial
         fast.check_invariants()
+
+
+def test_the_length_index_stays_bounded_over_a_long_run():
+    s = _sched(cap=10**6, replicas=2)
+    for step in range(200):  # 200 batches of 50 sequences, each dispatched and finished
+        s.submit([Sequence(step * 50 + i, Role.REWARD, 100 + (step * 7 + i) % 900) for i in range(50)])
+        s.dispatch()
+        for i in range(50):
+            s.finish(step * 50 + i)
+    assert s.queued() == 0 and len(s._lens) <= 2 * 50 + 64 + 1
+    s.check_invariants()
