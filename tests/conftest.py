@@ -1,5 +1,4 @@
-"""Suite-wide test setup: quiet wandb, skip `gpu` tests without CUDA, keep threads low on 2 cores,
-files with slow tests first."""
+"""Suite-wide test setup: quiet wandb, skip `gpu` tests without CUDA, keep threads low on 2 cores."""
 import os
 
 import pytest
@@ -24,11 +23,6 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
-    # Files holding `slow` tests first, each file's tests in their order: the two workers of
-    # scripts/test.sh (`--dist loadfile --no-loadscope-reorder`: whole files, in this order) start
-    # the long runs early and finish on the quick files, instead of ending on a long one alone.
-    slow = {item.path for item in items if "slow" in item.keywords}
-    items.sort(key=lambda item: item.path not in slow)
 
 
 @pytest.fixture(scope="module", autouse=True)
