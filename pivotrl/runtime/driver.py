@@ -30,11 +30,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
+from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import INFERENCE_ROLES, Role, Slot
 from pivotrl.deploy.events import (
-    DeviceLost, Dispatch, PublishWeights, Record, ReplicaLost, SequenceFinished, ShiftDone, StartShift, StartTraining,
+    DeviceLost, Dispatch, Event, PublishWeights, Record, ReplicaLost, SequenceFinished, ShiftDone, StartShift, StartTraining,
     StepDone, Tick, TrainingDone,
 )
 from pivotrl.runtime.outcomes import Death
@@ -44,11 +45,23 @@ from pivotrl.runtime.monitor import Monitor
 from pivotrl.runtime.stats import RealStats
 from pivotrl.runtime.training import TrainingSteps
 
+if TYPE_CHECKING:
+    import ray
+
+    from pivotrl.config import PivotConfig
+    from pivotrl.config.resolve import Resolved
+    from pivotrl.deploy.base import Controller
+    from pivotrl.engines.protocol import Completion, GenerationRequest
+    from pivotrl.logging.tracker import Tracker
+    from pivotrl.runtime.launch import Launch
+    from pivotrl.runtime.samples import Samples
+
 
 class DeviceDriver:
     """Runs controller `ctrl`'s actions on the devices of `launch`, for samples `samples`."""
 
-    def __init__(self, cfg: Any, resolved: Any, ctrl: Any, launch: Any, samples: Any, tracker: Any = None) -> None:
+    def __init__(self, cfg: PivotConfig, resolved: Resolved, ctrl: Controller, launch: Launch, samples: Samples,
+                 tracker: Tracker | None = None) -> None:
         self.cfg, self.r, self.ctrl, self.launch, self.s = cfg, resolved, ctrl, launch, samples
         self.tracker = tracker
         self.ex = launch.executor
@@ -80,7 +93,7 @@ class DeviceDriver:
     def schedule_tick(self, at: float) -> None:
         self.next_tick = at
 
-    def wait(self) -> Iterator[Any]:
+    def wait(self) -> Iterator[Event]:
         """Completions of the inference devices (waiting up to `cluster.poll_s`), then finished
         shifts and training steps, then deliveries deferred by the last actions, then a due tick."""
         import ray
@@ -122,7 +135,7 @@ class DeviceDriver:
         return (not self.polls and not self.threads and self.results.empty() and not self.ledger.running()
                 and not self.deferred and not self.to_retire and not any(r in INFERENCE_ROLES for r in self.ex.role_of.values()))
 
-    def _on_poll(self, d: int, ref: Any) -> Iterator[Any]:
+    def _on_poll(self, d: int, ref: ray.ObjectRef) -> Iterator[Event]:
         import ray
 
         try:
@@ -143,7 +156,7 @@ class DeviceDriver:
         if new or res.completions:
             point("poll", d, self.ex.handle(d)[0])
 
-    def _complete(self, role: Role, d: int, c: Any) -> Iterator[Any]:
+    def _complete(self, role: Role, d: int, c: Completion) -> Iterator[Event]:
         toks = Tokens.of(c.token_ids, c.logprobs)
         if not self.ledger.accept(role, c.seq_id, d, toks):
             self.counts["stale_completions"] += 1
@@ -158,7 +171,7 @@ class DeviceDriver:
         yield SequenceFinished(self.now, role=role, seq_id=c.seq_id, generated=len(toks),
                                replica_id=Slot(role, d, self.r.tp[role.value]).slot_id)
 
-    def _deaths(self) -> Iterator[Any]:
+    def _deaths(self) -> Iterator[Event]:
         """Each death the executor found since the last call, once; then the crash-looping
         devices no shift holds any more leave the pool."""
         for death in self.ex.take_deaths():
@@ -171,7 +184,7 @@ class DeviceDriver:
             self.monitor.forget(d)
             yield DeviceLost(self.now, device=d)
 
-    def _on_death(self, death: Death) -> Iterator[Any]:
+    def _on_death(self, death: Death) -> Iterator[Event]:
         """Send the sequences of a respawned device back to the queue with their tokens and
         re-host its replica (mid-shift devices are re-hosted by their shift). A member of a
         replica of several devices held no sequences: it re-joins, and the replica goes on."""
@@ -208,7 +221,7 @@ class DeviceDriver:
         t.start()
         self.threads.append(t)
 
-    def _on_result(self, item: tuple) -> Iterator[Any]:
+    def _on_result(self, item: tuple) -> Iterator[Event]:
         kind = item[0]
         if kind == "error":
             raise item[1]
@@ -253,7 +266,7 @@ class DeviceDriver:
             led.place(role, c.seq_id, d)
             self.deferred.append((role, d, c))
 
-    def _request(self, role: Role, sid: int) -> Any:
+    def _request(self, role: Role, sid: int) -> GenerationRequest:
         return self.s.request(role, sid, self.ledger.tokens[role].get(sid, Tokens()), self.ledger.judge_ids.get(sid))
 
     def start_shift(self, act: StartShift) -> None:
@@ -272,7 +285,7 @@ class DeviceDriver:
     def record(self, act: Record) -> None:
         """Nothing to do: the recorder writes controller records to the timeline."""
 
-    def refit(self) -> dict[Role, tuple[Any, int]]:
+    def refit(self) -> dict[Role, tuple[ThroughputModel, int]]:
         out = {}
         for role in INFERENCE_ROLES:
             model = self.monitor.fit(role)

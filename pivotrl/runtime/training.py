@@ -18,10 +18,19 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pivotrl.runtime.faults import point
 from pivotrl.runtime.outcomes import TrainingRankDied
+
+if TYPE_CHECKING:
+    from pivotrl.config import PivotConfig
+    from pivotrl.deploy.events import StartTraining
+    from pivotrl.runtime.driver import DeviceDriver
+    from pivotrl.runtime.executor import Executor
+    from pivotrl.runtime.launch import Launch
+    from pivotrl.runtime.ledger import SequenceLedger
+    from pivotrl.runtime.samples import Samples
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +38,8 @@ log = logging.getLogger(__name__)
 class TrainingSteps:
     """The training side of a `DeviceDriver` (module docstring)."""
 
-    def __init__(self, cfg: Any, executor: Any, samples: Any, ledger: Any, launch: Any, driver: Any) -> None:
+    def __init__(self, cfg: PivotConfig, executor: Executor, samples: Samples, ledger: SequenceLedger, launch: Launch,
+                 driver: DeviceDriver) -> None:
         self.cfg, self.ex, self.s, self.ledger, self.launch, self.driver = cfg, executor, samples, ledger, launch, driver
         self.trained_ids: list[int] = []
         self.metrics: dict[int, dict[str, float]] = {}
@@ -40,7 +50,7 @@ class TrainingSteps:
         return (f"device(s) {devices} (training rank) died ({why}); the trainer's process group is lost, so "
                 f"the run stops; {self.launch.resume_hint()}")
 
-    def run(self, act: Any) -> tuple:
+    def run(self, act: StartTraining) -> tuple:
         """Train batch `act.batch` on `act.devices`, publish, checkpoint: `("train", act, metrics, s)`,
         `s` the step's own seconds (the publish and the checkpoint's staging not included)."""
         import ray
@@ -73,7 +83,7 @@ class TrainingSteps:
         self.metrics[act.batch] = metrics
         return ("train", act, metrics, secs)
 
-    def _publish(self, act: Any, version: int) -> None:
+    def _publish(self, act: StartTraining, version: int) -> None:
         params = self.ex.params
         pub = self.ex.train_call(act.devices, "publish", params.store, "policy")[0]
         published = params.policy_version("policy", int(pub["gps_version"]))
@@ -82,7 +92,7 @@ class TrainingSteps:
                                f"publish made GPS hold version {published}")
         self.driver.record_event("weight_publish", version=version, seconds=float(pub["seconds"]))
 
-    def _checkpoint(self, act: Any, version: int) -> None:
+    def _checkpoint(self, act: StartTraining, version: int) -> None:
         from pivotrl.trainer.trainer_checkpoint import checkpoint_dir
 
         path = str(checkpoint_dir(self.launch.checkpoint_dir, version))
