@@ -42,7 +42,7 @@ from pivotrl.runtime.outcomes import Death
 from pivotrl.runtime.faults import point
 from pivotrl.runtime.ledger import SequenceLedger, Tokens
 from pivotrl.runtime.monitor import Monitor
-from pivotrl.runtime.stats import RealStats
+from pivotrl.runtime.stats import RealStats, RunFacts
 from pivotrl.runtime.training import TrainingSteps
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class DeviceDriver:
         self._last = 0.0
         self.stats = RealStats()
         self.counts = self.stats.counts
-        self.training = TrainingSteps(cfg, self.ex, samples, self.ledger, launch, self)
+        self.training = TrainingSteps(cfg, self.ex, samples, self.ledger, launch, self.stats, self.record_event)
 
     @property
     def now(self) -> float:
@@ -303,10 +303,25 @@ class DeviceDriver:
             self.tracker.log_event(kind, now=self.now, **fields)
 
     def step_fields(self, act: StepDone, now: float) -> dict[str, Any]:
-        return self.stats.step_fields(act, self)
+        """Row fields of the step that trained `act.batch`; also its `sample_lengths` record (read by
+        `pivotrl.report.records.RunRecords`): `[sample_id, prompt_tokens, response_tokens,
+        genrm_tokens]`, one row per trained sample in id order."""
+        led, s = self.ledger, self.s
+        ids = [x for x in self.training.trained_ids if s.batch_of(x) == act.batch]
+        self.record_event("sample_lengths", batch=int(act.batch), samples=[
+            [int(sid), s.prompt_len(sid), len(led.responses.get(sid, ())), len(led.tokens[Role.REWARD].get(sid, ()))]
+            for sid in sorted(ids)])
+        return self.stats.step_fields(
+            rewards=[led.rewards[x] for x in ids if x in led.rewards],
+            train_metrics=self.training.metrics.get(act.batch, {}), tau_shift=self.ctrl.tau_shift,
+            role_state={r: self.monitor.state(r, self.ctrl.sched[r]) for r in INFERENCE_ROLES})
 
     def finish(self) -> dict[str, Any]:
         for t in self.threads:
             t.join(timeout=60)
         self.training.finish()
-        return self.stats.summary(self)
+        ex = self.ex
+        return self.stats.summary(RunFacts(
+            shift_log=ex.shift_log, tau_shift=self.ctrl.tau_shift, trained_ids=self.training.trained_ids,
+            policy_version=self.ctrl.pipe.version, deaths=ex.deaths, lost_devices=sorted(ex.retired),
+            recoveries=ex.recoveries, wall_s=self.now))
