@@ -30,7 +30,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import INFERENCE_ROLES, Role, Slot
@@ -38,7 +38,7 @@ from pivotrl.deploy.events import (
     DeviceLost, Dispatch, Event, PublishWeights, Record, ReplicaLost, SequenceFinished, ShiftDone, StartShift, StartTraining,
     StepDone, Tick, TrainingDone,
 )
-from pivotrl.runtime.outcomes import Death
+from pivotrl.runtime.outcomes import Death, ShiftResult, ThreadFailed, TrainingResult
 from pivotrl.runtime.faults import point
 from pivotrl.runtime.ledger import SequenceLedger, Tokens
 from pivotrl.runtime.monitor import Monitor
@@ -71,11 +71,11 @@ class DeviceDriver:
         self.fit_every_s = float(self.cl.fit_every_s)
         self.monitor = Monitor()
         self.ledger = SequenceLedger()
-        self.results: queue.Queue = queue.Queue()
+        self.results: queue.Queue[ShiftResult | TrainingResult | ThreadFailed] = queue.Queue()
         self.polls: dict[int, Any] = {}
         self.poll_gen: dict[int, int] = {}
         self.threads: list[threading.Thread] = []
-        self.deferred: list[tuple] = []
+        self.deferred: list[tuple[Role, int, Completion]] = []  # (role, device, completion)
         self.recorded_recoveries: list[dict[str, Any]] = []
         self.to_retire: set[int] = set()  # crash-looping devices, retired once no shift holds them
         self.next_tick: float | None = None
@@ -210,23 +210,22 @@ class DeviceDriver:
         yield ReplicaLost(self.now, role=role, replica_id=slot.slot_id)
 
     # ------------------------------------------------------------------ threads
-    def _spawn(self, fn, *args: Any) -> None:
+    def _spawn(self, fn: Callable[..., ShiftResult | TrainingResult], *args: Any) -> None:
         def body() -> None:
             try:
                 self.results.put(fn(*args))
             except BaseException as e:  # re-raised in the main thread
-                self.results.put(("error", e))
+                self.results.put(ThreadFailed(e))
 
         t = threading.Thread(target=body, daemon=True)
         t.start()
         self.threads.append(t)
 
-    def _on_result(self, item: tuple) -> Iterator[Event]:
-        kind = item[0]
-        if kind == "error":
-            raise item[1]
-        if kind == "shift":
-            res = item[1]
+    def _on_result(self, item: ShiftResult | TrainingResult | ThreadFailed) -> Iterator[Event]:
+        if isinstance(item, ThreadFailed):
+            raise item.error
+        if isinstance(item, ShiftResult):
+            res = item
             if res.error is not None:
                 raise res.error
             for s in res.plan.down:
@@ -240,11 +239,13 @@ class DeviceDriver:
                               measured={r.value: v for r, v in res.measured.items()})
             yield ShiftDone(self.now, plan=res.plan, kv_capacity=res.kv_capacity, seconds=res.seconds,
                             progress=self.ledger.counts(), measured=res.measured)
-        elif kind == "train":
-            _, act, metrics, secs = item
+        elif isinstance(item, TrainingResult):
+            act, secs = item.act, item.seconds
             self.stats.train_busy_s += secs * len(act.devices)
-            yield TrainingDone(self.now, batch=act.batch, version=int(metrics["version"]), seconds=secs,
+            yield TrainingDone(self.now, batch=act.batch, version=int(item.metrics["version"]), seconds=secs,
                                progress=self.ledger.counts())
+        else:
+            raise TypeError(f"a driver thread returned {type(item).__name__}")
 
     # ------------------------------------------------------------------ Driver: actions
     def dispatch(self, act: Dispatch) -> None:
@@ -271,7 +272,7 @@ class DeviceDriver:
 
     def start_shift(self, act: StartShift) -> None:
         self.counts["shifts"] += len(act.plan.up) + len(act.plan.down)
-        self._spawn(lambda p=act.plan: ("shift", self.ex.run_shift(p)))
+        self._spawn(self.ex.run_shift, act.plan)
 
     def start_training(self, act: StartTraining) -> None:
         self._spawn(self.training.run, act)

@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from pivotrl.runtime.faults import point
-from pivotrl.runtime.outcomes import TrainingRankDied
+from pivotrl.runtime.outcomes import TrainingRankDied, TrainingResult
 
 if TYPE_CHECKING:
     from pivotrl.config import PivotConfig
@@ -52,9 +52,8 @@ class TrainingSteps:
         return (f"device(s) {devices} (training rank) died ({why}); the trainer's process group is lost, so "
                 f"the run stops; {self.launch.resume_hint()}")
 
-    def run(self, act: StartTraining) -> tuple:
-        """Train batch `act.batch` on `act.devices`, publish, checkpoint: `("train", act, metrics, s)`,
-        `s` the step's own seconds (the publish and the checkpoint's staging not included)."""
+    def run(self, act: StartTraining) -> TrainingResult:
+        """Train batch `act.batch` on `act.devices`, publish, checkpoint."""
         import ray
 
         dup = set(act.sample_ids) & set(self.trained_ids)
@@ -83,7 +82,7 @@ class TrainingSteps:
         except TrainingRankDied as e:
             raise RuntimeError(self.died(e.devices, f"during {e.method} of batch {act.batch}")) from None
         self.metrics[act.batch] = metrics
-        return ("train", act, metrics, secs)
+        return TrainingResult(act, metrics, secs)
 
     def _publish(self, act: StartTraining, version: int) -> None:
         params = self.ex.params
