@@ -15,7 +15,7 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     from pivotrl.report import TIMELINE_PNG, write_timeline
     from pivotrl.report.accuracy import accuracy_curves, draw_accuracy
-    from pivotrl.report.records import RunRecords
+    from pivotrl.report.records import MixedRunFolder, RunRecords
     from pivotrl.report.table import closing_rows, format_table
 
     ap = argparse.ArgumentParser(prog="python -m pivotrl.report", description=__doc__.split("\n\n")[1])
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         runs = [RunRecords.read(d) for d in args.run_dirs]
-    except FileNotFoundError as e:
+    except (FileNotFoundError, MixedRunFolder) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_table([closing_rows(r) for r in runs]))

@@ -5,8 +5,9 @@ real run in the simulator, `pivotrl.sim.replay`): only the files, never wandb or
 a folder copied from another machine reads the same.
 - `RunRecords.read(run_dir)`: lenient. A run cut short (killed, crashed) may have no summary and a
   last line cut mid-write: the rows before it are kept and the cut line is counted in `skipped`.
-- `RunRecords.load(run_dir)`: strict, for a finished run: all three record files, a summary, and
-  one run per folder (no repeated step numbers).
+  Never lenient about a mixed folder: `metrics.jsonl` steps that repeat or go back (two runs
+  wrote into one folder) raise `MixedRunFolder` naming the line.
+- `RunRecords.load(run_dir)`: strict, for a finished run: all three record files and a summary.
 - Per-step token totals and per-sample lengths (`sample_lengths` timeline records) for the replay.
 """
 from __future__ import annotations
@@ -17,6 +18,28 @@ from pathlib import Path
 from typing import Any
 
 from pivotrl.report.timeline import Timeline, build_timeline
+
+
+class MixedRunFolder(ValueError):
+    """A run folder whose metrics hold more than one run (steps repeat or go back)."""
+
+
+def check_step_order(path: Path) -> None:
+    """`MixedRunFolder` naming the first line of `path` (metrics.jsonl) whose step is not above the
+    previous line's."""
+    prev: tuple[int, Any] | None = None
+    for no, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        try:
+            step = json.loads(line).get("step")
+        except (json.JSONDecodeError, AttributeError):
+            continue
+        if not isinstance(step, (int, float)) or isinstance(step, bool):
+            continue
+        if prev is not None and step <= prev[1]:
+            raise MixedRunFolder(
+                f"{path} line {no}: step {step} after step {prev[1]} (line {prev[0]}): two runs wrote into this "
+                f"folder, so its figures would mix them; report a folder that holds one run")
+        prev = (no, step)
 
 
 def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
@@ -61,6 +84,8 @@ class RunRecords:
             import yaml
 
             config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        if (run_dir / "metrics.jsonl").exists():
+            check_step_order(run_dir / "metrics.jsonl")
         metrics, b1 = read_jsonl(run_dir / "metrics.jsonl")
         timeline, b2 = read_jsonl(run_dir / "timeline.jsonl")
         summary = None
@@ -73,7 +98,7 @@ class RunRecords:
 
     @classmethod
     def load(cls, run_dir: Path | str) -> "RunRecords":
-        """`read` for a finished run: all three record files and a summary, one run per folder."""
+        """`read` for a finished run: all three record files and a summary."""
         run_dir = Path(run_dir)
         for name in ("summary.json", "metrics.jsonl", "timeline.jsonl"):
             if not (run_dir / name).exists():
@@ -81,10 +106,6 @@ class RunRecords:
         rec = cls.read(run_dir)
         if rec.summary is None:
             raise ValueError(f"{run_dir}/summary.json is not JSON: not a finished run folder")
-        seen = [r["step"] for r in rec.metrics]
-        if len(seen) != len(set(seen)):
-            raise ValueError(f"{run_dir}/metrics.jsonl repeats step numbers: two runs wrote into one folder "
-                             f"(same-second Hydra folder names); replay a folder with one run")
         return rec
 
     @property

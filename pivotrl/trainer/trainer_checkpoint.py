@@ -56,7 +56,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-__all__ = ["CheckpointError", "Checkpointer", "checkpoint_dir", "latest_checkpoint", "load"]
+__all__ = ["CheckpointError", "Checkpointer", "checkpoint_dir", "checkpoint_version", "latest_checkpoint", "load"]
 
 _CKPT_RE = re.compile(r"^step_(\d+)$")
 COMPLETE_MARKER = "trainer_state.json"
@@ -296,6 +296,11 @@ def load(w: Any, path: Path) -> dict[str, Any]:
 def checkpoint_dir(root: str | os.PathLike, version: int) -> Path:
     """The conventional folder of the checkpoint at `version` under `root`: `root/step_00000042`."""
     return Path(root) / f"step_{version:08d}"
+
+
+def checkpoint_version(path: str | os.PathLike) -> int:
+    """The policy version a checkpoint folder holds (its `trainer_state.json`)."""
+    return int(json.loads((Path(path) / COMPLETE_MARKER).read_text())["version"])
 
 
 def latest_checkpoint(root: str | os.PathLike) -> Path | None:

@@ -4,6 +4,7 @@ Also the local runtime's record format rebuilt against its own allocation record
 from __future__ import annotations
 
 import collections
+import json
 import shutil
 from pathlib import Path
 
@@ -95,3 +96,16 @@ def test_a_cut_folder_reads_as_partial(local_copy, capsys):
     out = capsys.readouterr().out
     assert "partial (4 steps recorded, no summary)" in out
     assert "1 line(s) were not JSON" in out
+
+
+@pytest.mark.parametrize("steps", [[1, 2, 1, 2], [1, 3, 2]])
+def test_a_folder_with_repeated_or_out_of_order_steps_is_refused(local_copy, capsys, steps):
+    """Issue 22: two runs' rows in one metrics.jsonl: the report names the line and shows nothing."""
+    rows = [json.loads(x) for x in (local_copy / "metrics.jsonl").read_text().splitlines()]
+    (local_copy / "metrics.jsonl").write_text("".join(json.dumps({**rows[0], "step": s}) + "\n" for s in steps))
+    bad = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
+    assert main([str(local_copy), "--no-plots"]) == 2
+    captured = capsys.readouterr()
+    assert (f"metrics.jsonl line {bad + 1}: step {steps[bad]} after step {steps[bad - 1]} (line {bad})"
+            in captured.err)
+    assert "throughput tokens/s" not in captured.out
