@@ -67,6 +67,47 @@ CASES = [
 ]
 
 
+# Adversarial text of about 20 KB (issue 22: the old scans were quadratic, or worse, on these; a
+# judge may write 20,480 tokens). Correctness only: `python -m pivotrl.bench genrm_parse` times
+# them up to 1 MB.
+N = 20_000
+K = N // 8
+ADVERSARIAL = [
+    ("boxed", "\\boxed{" * K, None, "no \\boxed{}"),                               # every box unclosed
+    ("boxed", "\\boxed{0.5}" + "\\boxed{" * K, 0.5, ""),                            # the last closed one
+    ("boxed", "\\boxed{" * K + "0.5" + "}" * K, 0.5, ""),                            # nested: the innermost
+    ("boxed", "\\boxed{" + "{" * N + "}", None, "no \\boxed{}"),
+    ("boxed", "\\boxed{1}" + "}" * N, 1.0, ""),
+    ("boxed", "\\boxed{0.5} " * K + "\\boxed{0.25}", 0.25, ""),                     # thousands of matches
+    ("boxed", "\\boxed{" + "9" * N + "}", None, "not finite"),                      # a huge number
+    ("boxed_10", "\\boxed{" + "9" * 200 + "}", None, "out of range"),
+    ("boxed", "\\boxed{0." + "1" * N + "}", 0.1111111111111111, ""),
+    ("yes_no", "Verdict: Yes\n" * K + "Verdict: No", 0.0, ""),
+    ("yes_no", "Verdict" + " " * N + "maybe", None, "no verdict"),                   # spaces, then no word
+    ("yes_no", "Verdict:" + " " * N + "yes", 1.0, ""),
+    ("yes_no", "\\boxed{" * K + "yes" + "}" * K, 1.0, ""),
+    ("yes_no", "\\boxed{\\text{" * K, None, "no verdict"),
+    ("yes_no", "\\boxed{" + " " * N + "yes}", None, "no verdict"),                  # a box of 64+ chars is no verdict
+    ("yes_no", "!" * N + "yes!", 1.0, ""),
+    ("score_out_of_10", "Score: 7/10\n" * K, 0.7, ""),
+    ("score_out_of_10", "Score:" + " " * N + "x", None, "no 'Score: x/10'"),
+    ("score_out_of_10", "Score: " + "*" * N, None, "no 'Score: x/10'"),
+    ("score_out_of_10", "Score: " + "9" * N + "/10", None, "not finite"),
+    ("score_out_of_10", "Score: " + "1" * N, None, "no 'Score: x/10'"),
+    ("score_line", "score: 0.5\n" * K, None, "several score lines"),
+    ("last_score_line", "score: 0.5\n" * K, 0.5, ""),
+    ("score_line", "score: 0." + "1" * N, 0.1111111111111111, ""),
+    ("score_line", "score:" + " " * N + "x", None, "malformed score line"),
+    ("yes_no", "<think>" + "yes " * K, None, "think block never closed"),
+]
+
+
+@pytest.mark.parametrize("parser,text,want,reason", ADVERSARIAL,
+                         ids=[f"{c[0]}-adversarial-{i}" for i, c in enumerate(ADVERSARIAL)])
+def test_parsers_on_adversarial_text(parser, text, want, reason):
+    test_parsers_on_real_judge_shapes(parser, text, want, reason)
+
+
 @pytest.mark.parametrize("parser,text,want,reason", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_parsers_on_real_judge_shapes(parser, text, want, reason):
     stats = ParseStats()
