@@ -30,13 +30,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(format_table([closing_rows(r) for r in runs]))
     for r in runs:
-        if r.skipped:
-            print(f"note: {r.run_dir}: {r.skipped} line(s) were not JSON (a run cut mid-write) and were skipped")
+        for name, (what, unknown) in r.problems.items():
+            print(f"note: {r.run_dir / name}: {what}" + ("; the figures read from it are shown as unknown (?)"
+                                                          if unknown else ""))
     if args.no_plots:
         return 0
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
     for r in runs:
+        if r.unknown("timeline.jsonl"):
+            print(f"timeline: not drawn for {r.run_dir}: timeline.jsonl {r.problems['timeline.jsonl'][0]}")
+            continue
         dest = args.out / f"{r.name}_{TIMELINE_PNG}" if args.out is not None else r.run_dir / TIMELINE_PNG
         print(f"timeline: {write_timeline(r.run_dir, dest)}")
     curves = accuracy_curves(runs)

@@ -95,7 +95,40 @@ def test_a_cut_folder_reads_as_partial(local_copy, capsys):
     assert main([str(local_copy), "--no-plots"]) == 0
     out = capsys.readouterr().out
     assert "partial (4 steps recorded, no summary)" in out
-    assert "1 line(s) were not JSON" in out
+    n = len((local_copy / "timeline.jsonl").read_text().splitlines())
+    assert f"timeline.jsonl: line {n} cut mid-write (skipped)" in out
+    rows = dict(closing_rows(RunRecords.read(local_copy)))
+    assert rows["shift plans"] != "?" and not rows["shift plans"].startswith("?"), "a cut last line keeps the figures"
+
+
+def test_a_folder_without_its_timeline_shows_unknown_not_zero(local_copy, capsys):
+    """Issue 22: with no timeline.jsonl the report showed 0 plans, 0 decisions and free=100%."""
+    (local_copy / "timeline.jsonl").unlink()
+    assert main([str(local_copy)]) == 0
+    out = capsys.readouterr().out
+    rows = dict(closing_rows(RunRecords.read(local_copy)))
+    for label in ("shift plans", "planner decisions applied", "device time per state", "run clock s (timeline)"):
+        assert rows[label] == "? (timeline.jsonl missing)", label
+    assert rows["records"] == "timeline.jsonl missing" and rows["status"] == "finished"
+    assert f"note: {local_copy / 'timeline.jsonl'}: missing; the figures read from it are shown as unknown" in out
+    assert "free=100%" not in out and "timeline: not drawn" in out and not (local_copy / "timeline.png").exists()
+
+
+def test_damaged_files_are_named_and_their_figures_unknown(local_copy, capsys):
+    lines = (local_copy / "metrics.jsonl").read_text().splitlines()
+    lines[1] = lines[1][: len(lines[1]) // 2]  # a line in the middle, not the last: damage, not a cut
+    (local_copy / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (local_copy / "summary.json").write_text('{"steps": 4, "throughput')
+    (local_copy / "config.yaml").unlink()
+    rec = RunRecords.read(local_copy)
+    rows = dict(closing_rows(rec))
+    assert rows["train accuracy first -> last step"] == "? (metrics.jsonl damaged)"
+    assert rows["status"].startswith("summary.json damaged: not a JSON object")
+    assert rows["records"] == ("config.yaml missing; metrics.jsonl damaged: line(s) 2 not JSON; "
+                               "summary.json damaged: not a JSON object")
+    assert main([str(local_copy), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert f"note: {local_copy / 'metrics.jsonl'}: damaged: line(s) 2 not JSON; the figures" in out
 
 
 @pytest.mark.parametrize("steps", [[1, 2, 1, 2], [1, 3, 2]])
