@@ -2,6 +2,8 @@
 refused at start, never replaced by the tiny models or the synthetic task."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pivotrl.config import ConfigError, compose_config
@@ -132,3 +134,24 @@ def test_tiny_models_train_on_the_users_data_when_given(tiny_assets, monkeypatch
     a = load_assets(compose_config([f"data.train_path={tiny_assets['train']}", f"data.val_path={tiny_assets['val']}"]))
     assert (a.train_path, a.val_path) == (tiny_assets["train"], tiny_assets["val"])
     assert load_assets(compose_config([])).train_path == Built.train_path  # none given: the synthetic task
+
+
+def test_a_cut_weight_file_stops_the_run_before_ray_starts(tiny_assets, tmp_path, monkeypatch):
+    """Issue 22: a GenRM file cut in half failed after Ray started (`Trying to resize storage that
+    is not resizable`); the preflight now stops it, naming the file and the key, before any record."""
+    import shutil
+
+    from pivotrl.models.resolve import CheckpointError
+    from pivotrl.run import run
+
+    genrm = Path(shutil.copytree(tiny_assets["genrm"], tmp_path / "genrm"))
+    (f,) = sorted(genrm.glob("*.safetensors"))
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    monkeypatch.setattr("pivotrl.runtime.cluster.start_cluster",
+                        lambda *a, **k: pytest.fail("the cluster must not start"))
+    cfg = compose_config(["cluster=local", f"models.policy.hf_path={tiny_assets['policy']}",
+                          f"models.genrm.hf_path={genrm}", f"data.train_path={tiny_assets['train']}",
+                          f"data.val_path={tiny_assets['val']}", "logging.wandb_mode=disabled"])
+    with pytest.raises(CheckpointError, match=rf"models.genrm.hf_path='{genrm}'.*{f}: cut short"):
+        run(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
