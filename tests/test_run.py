@@ -139,6 +139,7 @@ def test_resume_of_a_killed_run_takes_its_stale_lock_over(tmp_path, monkeypatch,
     ck = tmp_path / "checkpoints" / "step_00000001"  # what the dead run wrote before it died
     ck.mkdir(parents=True)
     (ck / "trainer_state.json").write_text(json.dumps({"version": 1}))
+    monkeypatch.setattr("pivotrl.trainer.trainer_checkpoint.verify_checkpoint", lambda p: None)  # shards: not here
     fake_runtime(monkeypatch, lambda cfg, d, t: summary_of())
     with pytest.raises(RunFolderBusy, match=f"pid {dead}"):
         run_mod.run(local_cfg([]), tmp_path)  # a fresh run would append to the dead run's records
