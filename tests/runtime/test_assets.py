@@ -2,6 +2,7 @@
 refused at start, never replaced by the tiny models or the synthetic task."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,22 @@ def test_a_cut_weight_file_stops_the_run_before_ray_starts(tiny_assets, tmp_path
     with pytest.raises(CheckpointError, match=rf"models.genrm.hf_path='{genrm}'.*{f}: cut short"):
         run(cfg, tmp_path / "run")
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("accel,extra", [("cuda", ".[gpu]"), ("cpu", ".[vllm-cpu]")])
+def test_ray_without_vllm_stops_before_ray_naming_the_extra(tmp_path, monkeypatch, accel, extra):
+    """Issue 22: `cluster=ray` without vLLM died after 42 s with Ray up, ModuleNotFoundError."""
+    from pivotrl.run import run
+
+    monkeypatch.setattr("pivotrl.engines.vllm_engine.vllm_available", lambda: False)
+    monkeypatch.setattr("pivotrl.runtime.cluster.start_cluster", lambda *a, **k: pytest.fail("Ray must not start"))
+    cfg = compose_config(["cluster=ray", "cluster.address=local", f"cluster.accelerator={accel}",
+                          "logging.wandb_mode=disabled"])
+    with pytest.raises(ConfigError, match=rf"engine.name='vllm' is invalid; allowed: an installed engine: vLLM is not "
+                                          rf"installed .*pip install -e {re.escape(extra)}`.*engine=cpu"):
+        run(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    # the CPU engine needs no vLLM
+    from pivotrl.runtime.assets import check_engine_installed
+
+    check_engine_installed(compose_config(["cluster=ray", "cluster.address=local", "engine=cpu"]))
