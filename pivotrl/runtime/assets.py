@@ -45,6 +45,19 @@ class Assets:
         return (load_chat_tokenizer(self.policy_path, cfg.models.policy.chat, "models.policy.chat"),
                 load_chat_tokenizer(self.genrm_path, cfg.models.genrm.chat, "models.genrm.chat"))
 
+    def examples(self, cfg: Any, tok: Any) -> tuple[list, list]:
+        """(train, held-out) examples of the run (`data.val_size` held-out rows), every prompt
+        encodable by the policy's tokenizer `tok` (`models.tokenizer.check_encodable`: a character
+        it lacks stops the run naming the row, rather than vanish from the prompt)."""
+        from pivotrl.models.tokenizer import check_encodable
+        from pivotrl.rl.data import load_examples
+
+        train = load_examples(self.train_path)
+        val = load_val_examples(self.val_path, cfg.data.val_size)
+        check_encodable(tok, train, self.train_path)
+        check_encodable(tok, val, self.val_path)
+        return train, val
+
 
 def _existing(path: str | None, key: str, what: str) -> Path:
     if not path:

@@ -175,3 +175,22 @@ def test_ray_without_vllm_stops_before_ray_naming_the_extra(tmp_path, monkeypatc
     from pivotrl.runtime.assets import check_engine_installed
 
     check_engine_installed(compose_config(["cluster=ray", "cluster.address=local", "engine=cpu"]))
+
+
+def test_a_row_the_policy_cannot_encode_stops_the_run_at_start(tiny_assets, tmp_path):
+    """The runtimes load their data through `Assets.examples`, which checks every prompt."""
+    import pandas as pd
+
+    from pivotrl.runtime.assets import Assets
+
+    rows = pd.read_parquet(tiny_assets["train"]).to_dict("records")
+    rows[3]["prompt"] = [{"role": "user", "content": "Ann has ７ pens. How many pens?"}]
+    bad = tmp_path / "train.parquet"
+    pd.DataFrame(rows).to_parquet(bad, index=False)
+    cfg = compose_config(["data.val_size=4"])
+    a = Assets(tiny_assets["policy"], tiny_assets["genrm"], bad, tiny_assets["val"])
+    tok, _ = a.tokenizers(cfg)
+    with pytest.raises(ValueError, match=rf"{bad}: row 3: the policy's tokenizer .* cannot encode '７' \(U\+FF17\)"):
+        a.examples(cfg, tok)
+    train, val = Assets(tiny_assets["policy"], tiny_assets["genrm"], tiny_assets["train"], tiny_assets["val"]).examples(cfg, tok)
+    assert len(train) == 64 and len(val) == 4
