@@ -96,9 +96,11 @@ def _build_cast(dense: BootstrapResult, genrm_src: Path, cfg: BootstrapConfig, d
 
 
 def derive(dense: BootstrapResult, cfg: BootstrapConfig, data: DataConfig, force: bool = False,
-           progress: bool = True) -> BootstrapResult:
+           progress: bool = True, seed=lambda entry: None) -> BootstrapResult:
     """The folders `cfg` asks for, made from the dense entry `dense` by the stages `cfg` needs
-    (none: `dense` itself). `force` rebuilds the stages."""
+    (none: `dense` itself). `force` rebuilds the stages. `seed(entry)` is the shipped twin of a
+    stage's cache entry, or None (`pivotrl.models.shipped`): a twin is copied instead of built,
+    and a stage that only feeds a later one that is cached or shipped is not made at all."""
     root, dense_key = dense.policy_path.parent, dense.policy_path.parent.name
     genrm, genrm_dtype, source = dense.genrm_path, cfg.genrm.dtype, "dense"
     policy = dense.policy_path
@@ -115,8 +117,11 @@ def derive(dense: BootstrapResult, cfg: BootstrapConfig, data: DataConfig, force
         src = genrm
         stages.append((cfg.dtype, entry, lambda tmp: _build_cast(dense, src, cfg, data, tmp)))
         policy, genrm = entry / "policy", entry / "genrm"
+    if not force:  # the last stage already there (or shipped): the ones feeding it are not needed
+        have = [i for i, (_, e, _) in enumerate(stages) if (e / "report.json").is_file() or seed(e) is not None]
+        stages = stages[have[-1]:] if have and have[-1] == len(stages) - 1 else stages
     for name, entry, build in stages:
-        cached = cached_entry(entry, build, force) and cached
+        cached = cached_entry(entry, build, force, seed=seed(entry)) and cached
         stage = json.loads((entry / "report.json").read_text())
         report["stages"][name] = {**stage, "path": str(entry)}
         report["genrm_on_policy_samples"] = stage["genrm_on_policy_samples"]
