@@ -2,7 +2,8 @@
 
 Owns `closing_rows(records) -> [(label, value)]` (pure: from the run folder's summary, metrics and
 timeline) and `format_table(columns)`: one column per run. The figures: throughput, held-out
-accuracy before and after (real runtimes), train accuracy of the first and last step, shifts, time
+accuracy before and after (real runtimes), train accuracy of the first and last step, the judge's
+parse failures (and the steps over `models.genrm.judge.max_parse_failure_rate`), shifts, time
 per device state (from the timeline), ideal efficiency where the runtime knows it (sim), wall
 time, whether the run finished (a summary was written), and which of its files are missing or
 damaged: the figures read from such a file are shown as unknown (issue 22: a folder without
@@ -28,6 +29,18 @@ def _f(x: Any, fmt: str = "{:.3f}") -> str:
     if isinstance(x, (int, float)) and math.isfinite(x):
         return fmt.format(x)
     return "-"
+
+
+def _parse_failures(p: Any) -> str:
+    """`failures/judged (rate)`, and the steps over the judge's threshold (summary `genrm_parse`)."""
+    if not isinstance(p, dict) or not p.get("total"):
+        return "-"
+    failures = int(p.get("failures") or 0)
+    out = f"{failures}/{p['total']} ({100 * failures / p['total']:.0f}%)"
+    over = p.get("steps_over") or []
+    if over:
+        out += f", {len(over)} step(s) over {100 * float(p.get('max_parse_failure_rate', 0)):.0f}%"
+    return out
 
 
 def closing_rows(rec: RunRecords) -> list[tuple[str, str]]:
@@ -67,6 +80,7 @@ def closing_rows(rec: RunRecords) -> list[tuple[str, str]]:
         ("shift plans", no_timeline or str(len(tl.shifts))),
         ("planner decisions applied", no_timeline or str(sum(1 for d in tl.decisions if d.applied))),
         ("device time per state", no_timeline or per_role),
+        ("judge parse failures", _parse_failures(s.get("genrm_parse"))),
         ("tau_shift s (up+down)", ", ".join(f"{k}={_f(v, '{:.2f}')}" for k, v in (s.get("tau_shift") or {}).items())
          or "-"),
         ("training step device-s", _f(s.get("train_busy_device_s"), "{:.1f}")),

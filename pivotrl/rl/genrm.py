@@ -13,7 +13,8 @@ Before any parser runs, `<think>...</think>` is stripped (everything up to the l
 think block that never closes is a failure: the judge ran out of tokens before its verdict). Only
 ASCII digits are numbers (`score: １` is a failure, issue 12). A parse failure is never fatal: it
 scores 0, is counted in a `ParseStats` (the module-level `PARSE_STATS` unless the caller passes its
-own) and logged at WARNING level.
+own) and logged at WARNING level; a step whose failure rate is above
+`models.genrm.judge.max_parse_failure_rate` warns loudly (`ParseFailureWatch`).
 
 Parsers (all scores end in [0, 1]):
 - `score_line` / `last_score_line`: the tiny GenRM's `score: x`, x in [0, 1] (see Decisions);
@@ -172,6 +173,46 @@ class ParseStats:
     def as_dict(self) -> dict:
         return {"total": self.total, "failures": self.failures, "failure_rate": self.failure_rate,
                 "reasons": dict(self.reasons)}
+
+
+class ParseFailureWatch:
+    """A run's GenRM parse failures step by step, against `judge.max_parse_failure_rate`.
+
+    `step(step, failures, judged)` returns the step's failure rate (None when nothing was judged)
+    and, above the threshold, logs a WARNING that names the judge's keys (issue 22: a policy and
+    judge swapped ran to the end with every judgement unparsed and 5 console lines). `summary()`
+    is what `summary.json` reports as `genrm_parse`, the closing table's row."""
+
+    def __init__(self, judge: Any, stats: ParseStats | None = None) -> None:
+        self.judge, self.stats = judge, stats
+        self.threshold = float(judge.max_parse_failure_rate)
+        self.judged = self.failures = 0
+        self.steps_over: list[int] = []
+
+    def step(self, step: int, failures: int, judged: int) -> float | None:
+        if judged <= 0:
+            return None
+        self.judged += judged
+        self.failures += failures
+        rate = failures / judged
+        if rate > self.threshold:
+            self.steps_over.append(int(step))
+            top = self.stats.reasons.most_common(2) if self.stats is not None else []
+            log.warning(
+                "GenRM JUDGE OUTPUT NOT PARSED: %d of %d judgements of step %d (%.0f%%) did not parse, above "
+                "models.genrm.judge.max_parse_failure_rate=%g%s; those samples get no GenRM reward. Check that "
+                "the judge (models.genrm.hf_path) writes what models.genrm.judge.template=%r asks for and "
+                "models.genrm.judge.parser=%r reads (a policy and judge swapped? a judge cut short by "
+                "models.genrm.judge.max_tokens?)", failures, judged, step, 100 * rate, self.threshold,
+                f" (so far: {', '.join(f'{r} x{n}' for r, n in top)})" if top else "", self.judge.template,
+                self.judge.parser)
+        return rate
+
+    def summary(self) -> dict[str, Any]:
+        return {"total": self.judged, "failures": self.failures,
+                "failure_rate": self.failures / self.judged if self.judged else None,
+                "max_parse_failure_rate": self.threshold, "steps_over": list(self.steps_over),
+                "template": self.judge.template, "parser": self.judge.parser}
 
 
 PARSE_STATS = ParseStats()

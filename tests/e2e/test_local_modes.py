@@ -38,6 +38,10 @@ def test_mode_trains_two_steps(ray_session, tiny_assets, tmp_path, mode):
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["tokens"] > 0 and r["samples"] == P * G for r in rows)
+    # the judge's parse-failure rate per step, against its threshold (random tiny judges mostly fail)
+    parse = summary["genrm_parse"]
+    assert parse["total"] == 2 * P * G and parse["failures"] == sum(r["genrm_parse_failures"] for r in rows)
+    assert parse["steps_over"] == [r["step"] for r in rows if r["genrm_parse_failure_rate"] > 0.5]
     # behaviour log-probs reached every batch: the first step is on-policy, so its ratio is 1
     assert summary["batches_without_behaviour_logprobs"] == 0
     assert rows[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-3)

@@ -142,3 +142,15 @@ def test_a_folder_with_repeated_or_out_of_order_steps_is_refused(local_copy, cap
     assert (f"metrics.jsonl line {bad + 1}: step {steps[bad]} after step {steps[bad - 1]} (line {bad})"
             in captured.err)
     assert "throughput tokens/s" not in captured.out
+
+
+def test_the_judges_parse_failures_are_in_the_closing_table(local_copy):
+    """Issue 22: the rate a run's summary.json records (`genrm_parse`) is a row of the table."""
+    summary = json.loads((local_copy / "summary.json").read_text())
+    summary["genrm_parse"] = {"total": 40, "failures": 30, "failure_rate": 0.75, "max_parse_failure_rate": 0.5,
+                              "steps_over": [2, 3, 4], "template": "tiny", "parser": "score_line"}
+    (local_copy / "summary.json").write_text(json.dumps(summary))
+    assert dict(closing_rows(RunRecords.read(local_copy)))["judge parse failures"] == "30/40 (75%), 3 step(s) over 50%"
+    del summary["genrm_parse"]
+    (local_copy / "summary.json").write_text(json.dumps(summary))
+    assert dict(closing_rows(RunRecords.read(local_copy)))["judge parse failures"] == "-"

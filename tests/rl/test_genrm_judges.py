@@ -176,6 +176,7 @@ def test_every_template_asks_for_its_parser():
     ({"max_tokens": 0}, r"^max_tokens=0 is invalid; allowed: an int >= 1"),
     ({"temperature": float("nan")}, r"^temperature=nan is invalid; allowed: a finite number >= 0"),
     ({"top_p": 0}, r"^top_p=0 is invalid; allowed: in \(0, 1\]"),
+    ({"max_parse_failure_rate": 1.5}, r"^max_parse_failure_rate=1.5 is invalid; allowed: in \[0, 1\]"),
 ])
 def test_judge_config_refuses_bad_values(kw, match):
     from pivotrl.config.base import ConfigError
@@ -234,3 +235,29 @@ def test_load_chat_tokenizer_override_and_missing(tmp_path):
     assert tok2.decode(render_chat(tok2, [{"role": "user", "content": "hi"}], ChatConfig(system_prompt="S"))) == "[S][hi]"
     with pytest.raises(ChatTemplateError, match="chat template file .*missing.jinja.* does not exist"):
         load_chat_tokenizer(path, ChatConfig(chat_template=str(tmp_path / "missing.jinja")))
+
+
+def test_a_step_whose_judgements_mostly_fail_to_parse_warns_loudly_naming_the_judge(caplog):
+    """Issue 22: a policy and judge swapped ran to the end with every judgement unparsed and no
+    failure rate anywhere; each step over `max_parse_failure_rate` now warns, naming the keys."""
+    import logging
+
+    from pivotrl.rl.genrm import ParseFailureWatch
+
+    stats = ParseStats()
+    for text in ("junk", "more junk", "Score: 7/10"):
+        parse_score(text, "score_out_of_10", stats)
+    watch = ParseFailureWatch(JudgeConfig(), stats)
+    with caplog.at_level(logging.WARNING, logger="pivotrl.rl.genrm"):
+        caplog.clear()
+        assert watch.step(1, 4, 8) == 0.5 and not caplog.records, "at the threshold: no warning"
+        assert watch.step(2, 0, 0) is None and not caplog.records, "nothing judged: no rate"
+        assert watch.step(3, 7, 8) == 0.875
+    (rec,) = caplog.records
+    msg = rec.getMessage()
+    assert rec.levelno == logging.WARNING and "GenRM JUDGE OUTPUT NOT PARSED: 7 of 8 judgements of step 3 (88%)" in msg
+    assert "models.genrm.judge.max_parse_failure_rate=0.5" in msg and "no 'Score: x/10' x2" in msg
+    assert "models.genrm.judge.template='score_out_of_10'" in msg and "models.genrm.judge.parser='score_out_of_10'" in msg
+    assert watch.summary() == {"total": 16, "failures": 11, "failure_rate": 11 / 16, "max_parse_failure_rate": 0.5,
+                               "steps_over": [3], "template": "score_out_of_10", "parser": "score_out_of_10"}
+    assert ParseFailureWatch(JudgeConfig(max_parse_failure_rate=1.0)).step(1, 8, 8) == 1.0
