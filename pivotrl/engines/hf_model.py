@@ -80,8 +80,9 @@ def load_state_dict_in_place(model: torch.nn.Module, state_dict: Mapping[str, ob
 def unloadable_tensors(model_path: str | Path, tensors: Mapping[str, tuple[tuple[int, ...], str]]) -> list[str]:
     """Which checkpoint tensors (`{name: (shape, dtype)}`, as GPS indexes them) the transformers
     module of `model_path` would not take through `load_state_dict_in_place`: an unknown name or
-    a wrong shape, after fusing MoE experts (or the experts that do not fuse, as one message). Builds the module on the meta device (no memory, no
-    weights read), so the check at start costs a config read."""
+    a wrong shape, after fusing MoE experts (or the experts that do not fuse, as one message).
+    Builds the module on the meta device (no memory, no weights read), so the check at start
+    costs a config read."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from pivotrl.gps.state_dict import to_module

@@ -51,7 +51,7 @@ class Assets:
         return (load_chat_tokenizer(self.policy_path, cfg.models.policy.chat, "models.policy.chat"),
                 load_chat_tokenizer(self.genrm_path, cfg.models.genrm.chat, "models.genrm.chat"))
 
-    def examples(self, cfg: Any, tok: Any) -> tuple[list, list]:
+    def examples(self, cfg: PivotConfig, tok: Any) -> tuple[list, list]:
         """(train, held-out) examples of the run (`data.val_size` held-out rows), every prompt
         encodable by the policy's tokenizer `tok` (`models.tokenizer.check_encodable`: a character
         it lacks stops the run naming the row, rather than vanish from the prompt)."""
