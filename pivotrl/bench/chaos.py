@@ -10,7 +10,8 @@ seconds it kills the device that reaches the next phase of the cycle (`--phases`
 `faults.PHASES`: submit, poll, shift down and up, training, checkpoint, weight load, a lent
 training home, re-host) right there in the loop. A device that dies in a training step (or while
 its checkpoint is written) stops the run with how to resume (the documented behaviour), so the
-soak resumes it (`train.resume=true`, same folder), at most `--max-restarts` times. The crash-loop
+soak resumes it (`train.resume=true`, same folder; `train.allow_fresh_start=true`: a stop before the
+first checkpoint completed starts over), at most `--max-restarts` times. The crash-loop
 rule is set out of the way (`cluster.max_respawns`, `cluster.respawn_window_s`: `NO_RETIRE`), so
 no device leaves the pool by design; any that does is reported (`lost_devices`).
 
@@ -57,7 +58,8 @@ def soak(overrides: list[str], run_dir: Path, chaos: Any | None, max_restarts: i
     faults.set_hook(chaos)
     try:
         while True:
-            cfg = _compose([*overrides, *(["train.resume=true"] if stops else [])])
+            # a stop before the first checkpoint is complete leaves nothing to resume: start over there
+            cfg = _compose([*overrides, *(["train.resume=true", "train.allow_fresh_start=true"] if stops else [])])
             try:
                 summary = run(cfg, run_dir)
                 break
