@@ -99,8 +99,11 @@ def account(run_dir: Path, summary: dict[str, Any], steps: int, batch: int) -> d
         "device_deaths": len(deaths),
         "respawns": len(deaths),  # every recorded death is respawned once (runtime/stats.py)
         "lost_devices": summary.get("lost_devices", []),
-        "val_accuracy_before": summary.get("val_accuracy_before"),
+        # a resumed run measures "before" at its resume: the run's own start is then unknown here
+        "val_accuracy_before": None if any(r.get("kind") == "resume" for r in timeline)
+        else summary.get("val_accuracy_before"),
         "val_accuracy_after": summary.get("val_accuracy_after"),
+        "val_accuracy_greedy_after": summary.get("val_accuracy_greedy_after"),
     }
 
 
