@@ -4,8 +4,9 @@ Runtimes register by name in `RUNTIMES`. Each is a callable `(cfg, run_dir, trac
 The run folder is Hydra's output folder when called from `train.py`, else a fresh folder.
 
 Around the runtime, in this order: the console mode (`logging.verbose`, `logging/console.py`), the
-folder's lock (one run per folder, `logging/runlock.py`), the resume check (`train.resume=true`
-needs a checkpoint in the folder unless `train.allow_fresh_start=true`), the tracker; after it:
+folder's lock (one run per folder, `logging/runlock.py`: a fresh run into a folder holding another
+run's records stops), the resume check (`train.resume=true` needs a checkpoint in the folder unless
+`train.allow_fresh_start=true`), the tracker (a resume moves the rows it trains again aside); after it:
 the closing table (`pivotrl.report.table`, every runtime), and, in `finally` so a partial run gets
 them too, `timeline.png` (and `accuracy.png` where steps have an accuracy) drawn from the folder's
 records and logged to wandb, then the tracker and the lock are closed. The first error is the one raised; teardown errors are logged after it
@@ -52,22 +53,29 @@ def run_dir_for(cfg: PivotConfig) -> Path:
         return Path(tempfile.mkdtemp(prefix=f"pivotrl_{cfg.deploy.mode.value}_"))
 
 
-def check_resume(cfg: PivotConfig, kind: str, run_dir: Path) -> None:
-    """`train.resume=true` must find something to resume in `run_dir`, unless the user allows a
-    fresh start (`train.allow_fresh_start=true`). Without `hydra.run.dir`, Hydra makes a new empty
-    folder, and a resume that silently starts over would look like a resumed run."""
-    if not cfg.train.resume or cfg.train.allow_fresh_start:
-        return
+def check_resume(cfg: PivotConfig, kind: str, run_dir: Path) -> int | None:
+    """The step a resume continues from: the version of the newest checkpoint in `run_dir` that
+    verifies (`latest_checkpoint`), or 0 when there is none and the user allows a fresh start
+    (`train.allow_fresh_start=true`); None when not resuming. Without `hydra.run.dir`, Hydra makes
+    a new empty folder, and a resume that silently started over would look like a resumed run."""
+    if not cfg.train.resume:
+        return None
     if kind not in RESUMABLE:
+        if cfg.train.allow_fresh_start:
+            return 0
         raise ValueError(f"train.resume=true: cluster={kind} does not resume (allowed with resume: "
                          f"{list(RESUMABLE)}); drop train.resume, or set train.allow_fresh_start=true")
-    from pivotrl.trainer.trainer_checkpoint import latest_checkpoint
+    from pivotrl.trainer.trainer_checkpoint import checkpoint_version, latest_checkpoint
 
-    if latest_checkpoint(run_dir / "checkpoints") is None:
-        raise ValueError(
-            f"train.resume=true but the run folder {run_dir} holds no complete checkpoint "
-            f"(checkpoints/step_*/trainer_state.json): point hydra.run.dir at the folder of the run to "
-            f"continue, or set train.allow_fresh_start=true to start over there")
+    ck = latest_checkpoint(run_dir / "checkpoints")
+    if ck is not None:
+        return checkpoint_version(ck)
+    if cfg.train.allow_fresh_start:
+        return 0
+    raise ValueError(
+        f"train.resume=true but the run folder {run_dir} holds no complete checkpoint "
+        f"(checkpoints/step_*/trainer_state.json): point hydra.run.dir at the folder of the run to "
+        f"continue, or set train.allow_fresh_start=true to start over there")
 
 
 def draw_pictures(run_dir: Path, tracker: object | None) -> None:
@@ -121,10 +129,13 @@ def _run_locked(cfg: PivotConfig, kind: str, runtime: Callable[..., dict[str, An
         if lock.took_over is not None:
             log.warning("run folder %s: taking over the stale lock of pid %s, a run that died", run_dir,
                         lock.took_over.get("pid"))
-        check_resume(cfg, kind, run_dir)
+        resume_step = check_resume(cfg, kind, run_dir)
         if kind in PREFLIGHT:
             PREFLIGHT[kind](cfg)
-        tracker = Tracker(cfg, run_dir)
+        tracker = Tracker(cfg, run_dir, resume_step=resume_step)
+        if tracker.superseded:
+            log.warning("run folder %s: resuming at step %d, the %d metrics row(s) written after it moved to "
+                        "metrics.superseded.jsonl", run_dir, resume_step, tracker.superseded)
         summary = runtime(cfg, run_dir, tracker)
         tracker.write_summary(summary)
         if cfg.logging.progress:

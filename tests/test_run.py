@@ -131,14 +131,15 @@ def test_resume_with_fresh_start_allowed_runs(tmp_path, monkeypatch):
 
 
 def test_resume_of_a_killed_run_takes_its_stale_lock_over(tmp_path, monkeypatch, caplog):
-    ck = tmp_path / "checkpoints" / "step_00000001"
-    ck.mkdir(parents=True)
-    (ck / "trainer_state.json").write_text(json.dumps({"version": 1}))
     code = ("import sys, os; from pivotrl.logging.runlock import RunLock; RunLock.acquire(sys.argv[1]); "
             "print(os.getpid(), flush=True); os._exit(1)")  # dies without releasing
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=60)
     dead = int(out.stdout.strip())
+    ck = tmp_path / "checkpoints" / "step_00000001"  # what the dead run wrote before it died
+    ck.mkdir(parents=True)
+    (ck / "trainer_state.json").write_text(json.dumps({"version": 1}))
+    monkeypatch.setattr("pivotrl.trainer.trainer_checkpoint.verify_checkpoint", lambda p: None)  # shards: not here
     fake_runtime(monkeypatch, lambda cfg, d, t: summary_of())
     with pytest.raises(RunFolderBusy, match=f"pid {dead}"):
         run_mod.run(local_cfg([]), tmp_path)  # a fresh run would append to the dead run's records
@@ -146,3 +147,43 @@ def test_resume_of_a_killed_run_takes_its_stale_lock_over(tmp_path, monkeypatch,
         run_mod.run(local_cfg(["train.resume=true"]), tmp_path)
     assert f"stale lock of pid {dead}" in caplog.text
     assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_a_second_fresh_run_into_a_finished_runs_folder_is_refused(tmp_path, monkeypatch):
+    """Issue 22: the first run finished (its lock released); the second stops at start, naming the
+    folder and both ways on, and the first run's records stay as they were."""
+    def one_step(cfg, d, tracker):
+        tracker.log_step({"step": 1})
+        tracker.log_event("allocation", now=0.0)
+        return summary_of()
+
+    fake_runtime(monkeypatch, one_step)
+    run_mod.run(sim_cfg(), tmp_path)
+    before = {f: (tmp_path / f).read_text() for f in ("metrics.jsonl", "timeline.jsonl", "summary.json")}
+    fake_runtime(monkeypatch, lambda *a: pytest.fail("the runtime must not start"))
+    with pytest.raises(RunFolderBusy, match=rf"{tmp_path} holds another run's records \(metrics.jsonl, "
+                                            r"timeline.jsonl, summary.json\).*train.resume=true.*hydra.run.dir"):
+        run_mod.run(sim_cfg(), tmp_path)
+    assert {f: (tmp_path / f).read_text() for f in before} == before
+
+
+def test_a_resume_keeps_metrics_one_row_per_step(tmp_path, monkeypatch, caplog):
+    """A run killed at step 3 after its step-1 checkpoint; the resume trains steps 2, 3 again: the
+    dead run's rows 2, 3 move aside, the folder's metrics read 1, 2, 3 and the report takes it."""
+    ck = tmp_path / "checkpoints" / "step_00000001"
+    ck.mkdir(parents=True)
+    (ck / "trainer_state.json").write_text(json.dumps({"version": 1}))
+    monkeypatch.setattr("pivotrl.trainer.trainer_checkpoint.latest_checkpoint", lambda root: ck)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3)))
+
+    def steps_2_3(cfg, d, tracker):
+        for s in (2, 3):
+            tracker.log_step({"step": s})
+        return summary_of()
+
+    fake_runtime(monkeypatch, steps_2_3)
+    with caplog.at_level(logging.WARNING):
+        run_mod.run(local_cfg(["train.resume=true"]), tmp_path)
+    assert "resuming at step 1, the 2 metrics row(s) written after it moved to metrics.superseded.jsonl" in caplog.text
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert len((tmp_path / "metrics.superseded.jsonl").read_text().splitlines()) == 2

@@ -146,6 +146,10 @@ class JudgeConfig:
     """GenRM sampling temperature (0 = greedy: a judge should be deterministic)."""
     top_p: float = 1.0
     """Nucleus sampling mass of the GenRM (1 = off)."""
+    max_parse_failure_rate: float = 0.5
+    """Share of one step's judgements that may fail to parse before the run warns, loudly, naming
+    the template and parser (a judge that writes another format, or a policy and judge swapped);
+    the rate is in each metrics row, the closing table and summary.json. 1 = never warn."""
 
     def __post_init__(self) -> None:
         JUDGE_TEMPLATES.check(self.template)
@@ -154,6 +158,8 @@ class JudgeConfig:
         check(finite(self.temperature) and self.temperature >= 0, "temperature", "a finite number >= 0",
               self.temperature)
         check(finite(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
+        check(finite(self.max_parse_failure_rate) and 0 <= self.max_parse_failure_rate <= 1,
+              "max_parse_failure_rate", "in [0, 1]", self.max_parse_failure_rate)
 
 
 @dataclass

@@ -17,6 +17,11 @@ from dataclasses import dataclass, field
 from pivotrl.config.base import check, finite
 
 PLANNER_TABLE_BYTES = 4  # int32 entries of the planner's Alg. 1 choice table (pivotrl/core/planner.py)
+# Host bytes one sample of an in-flight batch costs the simulator (its hidden lengths, sequence,
+# events and ledger entries): measured 2.8 KB of peak RSS per sample of a step at staleness 2 (up
+# to 4 batches alive), i.e. 0.7 KB per in-flight sample; 1 KiB leaves headroom
+# (docs/benchmarks/rel.md, "simulator memory per sample").
+BATCH_SAMPLE_BYTES = 1024
 
 
 #: `models.sim.phase_switch` and `models.sim.pivot_home` values.
@@ -70,8 +75,9 @@ class SimConfig:
     each way; docs/calibration_sources.md §4). Training's shifts are unchanged."""
     memory_budget_gib: float = 2.0
     """Host memory the simulator may use for its largest table (the planner's Alg. 1 choice table,
-    replicas x devices int32 entries). A cluster beyond it is refused at start with the number of
-    devices it can hold (100,000 devices needed 2.18 GiB and failed after 51 s)."""
+    replicas x devices int32 entries) and for the batches alive at once (`check_batch`). A cluster
+    or batch beyond it is refused at start with the most devices or samples per step it can hold
+    (100,000 devices needed 2.18 GiB and failed after 51 s)."""
     train_recompute_factor: float = 1.33
     """k in `k*6*P*tokens/(gpus*peak*MFU) + T_fixed` (calibration §5, D/E)."""
     train_fixed_s: float = 7.5
@@ -116,6 +122,24 @@ class SimConfig:
                 f"cluster.num_devices={num_devices} is beyond the simulator's memory budget "
                 f"(models.sim.memory_budget_gib={self.memory_budget_gib}): it can hold at most {cap} devices "
                 f"with replicas of {min_tp} device(s); lower cluster.num_devices or raise the budget")
+
+    def check_batch(self, prompts_per_step: int, group_size: int, staleness: int) -> None:
+        """Refuse a simulated batch beyond the memory budget (called by the cross-field checks,
+        before anything is allocated): `prompts_per_step x group_size` samples in each of the
+        `staleness + 2` batches alive at once (generating ahead, plus the one training), at
+        `BATCH_SAMPLE_BYTES` each (issue 22: `train.prompts_per_step=1e9` ran silent until killed,
+        `train.group_size=1e8` raised MemoryError)."""
+        samples = int(prompts_per_step) * int(group_size)
+        need = samples * (int(staleness) + 2) * BATCH_SAMPLE_BYTES
+        budget = self.memory_budget_gib * 2**30
+        if need > budget:
+            cap = int(budget // ((int(staleness) + 2) * BATCH_SAMPLE_BYTES))
+            raise ValueError(
+                f"train.prompts_per_step={prompts_per_step} x train.group_size={group_size} = {samples} samples per "
+                f"step is beyond the simulator's memory budget (models.sim.memory_budget_gib={self.memory_budget_gib}): "
+                f"with deploy.staleness={staleness} ({int(staleness) + 2} batches alive, about {BATCH_SAMPLE_BYTES} "
+                f"bytes per sample) it needs {need / 2**30:.3g} GiB and holds at most {cap} samples per step; "
+                f"lower train.prompts_per_step or train.group_size, or raise models.sim.memory_budget_gib")
 
     def __post_init__(self) -> None:
         # non-finite numbers are refused by the loader for every field (`pivotrl.config.loader`);

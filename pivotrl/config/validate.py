@@ -11,14 +11,16 @@ if TYPE_CHECKING:
 
 
 def validate_cross_fields(cfg: "PivotConfig") -> None:
-    """Raise `ConfigError` if devices do not add up or a replica does not fit the cluster."""
+    """Raise `ConfigError` if devices do not add up or a replica does not fit the cluster;
+    `ValueError` if a simulated cluster or batch is beyond the simulator's memory budget."""
     cl, dep, models = cfg.cluster, cfg.deploy, cfg.models
     if not all(hasattr(x, "__dataclass_fields__") for x in (cl, dep, models)):
         return  # still a schema with MISSING groups (ConfigStore registration)
     n = cl.num_devices if cl.num_devices is not None else models.devices
     node = cl.node_size
-    if getattr(cl.kind, "value", cl.kind) == "sim":  # before anything allocates per device
+    if getattr(cl.kind, "value", cl.kind) == "sim":  # before anything allocates per device or sample
         models.sim.check_devices(n, min(models.policy.tp, models.genrm.tp))
+        models.sim.check_batch(cfg.train.prompts_per_step, cfg.train.group_size, dep.staleness)
     if n % node and n > node:
         raise ConfigError("num_devices", f"a multiple of cluster.node_size={node}", n, "cluster")
     for role in ("policy", "genrm"):

@@ -86,7 +86,8 @@ class KVBatch:
         mask = (causal[None] & valid[:, None, :]) | (eye[None] & ~valid[:, :, None])
         cache = DynamicCache(config=model.config)
         with torch.no_grad():
-            out = model(input_ids=ids, attention_mask={"full_attention": mask[:, None]}, position_ids=pos,
+            # a 4D mask is used as given by every family (GLM-4 takes no per-layer-type dict)
+            out = model(input_ids=ids, attention_mask=mask[:, None], position_ids=pos,
                         past_key_values=cache, use_cache=True, logits_to_keep=1)
         cache = out.past_key_values
         for layer in cache.layers:
@@ -101,7 +102,7 @@ class KVBatch:
         pos = torch.tensor([[s.total - 1] for s in self.seqs], dtype=torch.long)
         valid = torch.cat([self.valid, torch.ones(n, 1, dtype=torch.bool)], dim=1)
         with torch.no_grad():
-            out = model(input_ids=ids, attention_mask={"full_attention": valid[:, None, None, :]},
+            out = model(input_ids=ids, attention_mask=valid[:, None, None, :],
                         position_ids=pos, past_key_values=self.cache, use_cache=True)
         self.cache, self.valid = out.past_key_values, valid
         return out.logits[:, -1, :]

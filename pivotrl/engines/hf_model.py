@@ -13,7 +13,7 @@ from typing import Mapping
 
 import torch
 
-__all__ = ["eos_ids_of", "load_hf_model", "load_hf_tokenizer", "load_state_dict_in_place"]
+__all__ = ["eos_ids_of", "load_hf_model", "load_hf_tokenizer", "load_state_dict_in_place", "unloadable_tensors"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -56,9 +56,14 @@ def eos_ids_of(config) -> set[int]:
 
 
 def load_state_dict_in_place(model: torch.nn.Module, state_dict: Mapping[str, object]) -> None:
-    """Copy `state_dict` into `model`'s parameters and buffers. Every name and shape is checked
-    before any copy: a bad state dict never leaves the model half-loaded."""
+    """Copy `state_dict` (checkpoint names: per-expert MoE tensors are fused here, as the module
+    holds them) into `model`'s parameters and buffers. Every name and shape is checked before any
+    copy: a bad state dict never leaves the model half-loaded."""
+    from pivotrl.gps.state_dict import to_module
+
     own = model.state_dict()
+    # GPS and checkpoints hold one tensor per MoE expert; transformers 5 modules hold them fused
+    state_dict = to_module(state_dict, own.keys())
     unknown = [k for k in state_dict if k not in own]
     if unknown:
         raise ValueError(f"load_weights: {len(unknown)} unknown parameter names, e.g. {unknown[:3]}; "
@@ -70,3 +75,24 @@ def load_state_dict_in_place(model: torch.nn.Module, state_dict: Mapping[str, ob
     with torch.no_grad():
         for k, t in incoming.items():
             own[k].copy_(t)  # state_dict tensors share storage with the parameters
+
+
+def unloadable_tensors(model_path: str | Path, tensors: Mapping[str, tuple[tuple[int, ...], str]]) -> list[str]:
+    """Which checkpoint tensors (`{name: (shape, dtype)}`, as GPS indexes them) the transformers
+    module of `model_path` would not take through `load_state_dict_in_place`: an unknown name or
+    a wrong shape, after fusing MoE experts (or the experts that do not fuse, as one message).
+    Builds the module on the meta device (no memory, no weights read), so the check at start
+    costs a config read."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from pivotrl.gps.state_dict import to_module
+
+    config = AutoConfig.from_pretrained(str(model_path))
+    with torch.device("meta"):
+        module = AutoModelForCausalLM.from_config(config)
+    own = module.state_dict()
+    try:
+        incoming = to_module({k: torch.empty(shape, device="meta") for k, (shape, _) in tensors.items()}, own.keys())
+    except ValueError as e:  # experts that do not fuse (a missing or misnamed one): named by the error
+        return [str(e)]
+    return sorted(k for k, t in incoming.items() if k not in own or tuple(t.shape) != tuple(own[k].shape))

@@ -10,7 +10,12 @@ their metrics, timeline and checkpoints (issue 12), so:
 - a lock file that is not locked but still names a pid is a stale lock: that run died without
   releasing it (a run that ends normally or by an exception removes the file). A resume
   (`train.resume=true`) takes it over; a fresh run stops, saying to resume or to choose another
-  folder, since it would append to the dead run's records.
+  folder, since it would append to the dead run's records;
+- a folder that holds another run's records (`RECORDS`: a non-empty `metrics.jsonl`,
+  `timeline.jsonl`, a `summary.json`, a `checkpoints/step_*` folder) but no lock, a run that
+  finished (issue 22): a fresh run stops the same way, before it writes anything, since its
+  records would be appended to the finished run's and its checkpoints would overwrite them.
+  Hydra's own files (`.hydra/`, `train.log`) are not records.
 The lock lives in the run folder, so it guards runs of one machine (a shared network folder needs
 a filesystem whose `flock` spans hosts).
 """
@@ -26,8 +31,23 @@ from pathlib import Path
 LOCK_NAME = ".pivotrl.lock"
 
 
+#: the files (and the checkpoint folder) whose presence means a run wrote into the folder
+RECORDS = ("metrics.jsonl", "timeline.jsonl", "summary.json")
+
+WAYS_ON = "continue it with train.resume=true, or choose another folder (hydra.run.dir=...)"
+
+
 class RunFolderBusy(RuntimeError):
-    """The run folder is held by another run, or holds a dead run's records."""
+    """The run folder is held by another run, or holds another run's records."""
+
+
+def run_records(run_dir: Path) -> list[str]:
+    """The records of a run already in `run_dir` (module docstring), as names relative to it."""
+    found = [name for name in RECORDS if (run_dir / name).is_file() and (run_dir / name).stat().st_size > 0]
+    ck = run_dir / "checkpoints"
+    if ck.is_dir():
+        found += sorted(f"checkpoints/{p.name}" for p in ck.iterdir() if p.is_dir() and p.name.startswith("step_"))[:3]
+    return found
 
 
 def _holder(fd: int) -> dict | None:
@@ -77,8 +97,14 @@ class RunLock:
                 os.close(fd)
                 raise RunFolderBusy(
                     f"run folder {run_dir} holds the records of a run (pid {stale.get('pid', '?')}) that "
-                    f"stopped without finishing (stale lock {path}); continue it with train.resume=true, "
-                    f"or choose another folder (hydra.run.dir=...)")
+                    f"stopped without finishing (stale lock {path}); {WAYS_ON}")
+            records = [] if resume else run_records(run_dir)
+            if records:
+                path.unlink(missing_ok=True)  # empty: ours, made just now (or a finished run's, removed)
+                os.close(fd)
+                raise RunFolderBusy(
+                    f"run folder {run_dir} holds another run's records ({', '.join(records)}): a new run there "
+                    f"would mix its records with them; {WAYS_ON}")
             me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)

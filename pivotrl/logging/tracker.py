@@ -5,6 +5,14 @@ planner decisions) and `summary.json`. wandb is one more sink: offline unless th
 (`logging.wandb_mode=auto`), with each step's scalars and devices per role (`wandb_row`) and the
 pictures drawn from the files at the end (`log_images`). Plots read the files, never the wandb
 API. Knows nothing about runtimes.
+
+A resume (`resume_step`: the step its checkpoint holds) appends to the folder's files, so first
+the rows a dead run wrote after that checkpoint (steps the resume trains again) move to
+`metrics.superseded.jsonl`, and a summary of an earlier end to `summary.superseded.json`: the
+folder's `metrics.jsonl` keeps one row per step, in order, and nothing written is lost. A resume
+with nothing to resume from (`resume_step=0`, `train.allow_fresh_start=true`) starts over, so the
+earlier timeline moves aside too. (A fresh run never reaches a folder holding records:
+`logging/runlock.py` refuses it.)
 """
 from __future__ import annotations
 
@@ -67,13 +75,59 @@ def _wandb_mode(requested: str) -> str:
     return "offline"
 
 
+def _superseded_name(name: str) -> str:
+    stem, dot, ext = name.partition(".")
+    return f"{stem}.superseded.{ext}"
+
+
+def supersede(run_dir: Path, resume_step: int) -> int:
+    """Before a resume from `resume_step`: move what the resume replaces aside (module docstring);
+    returns how many metrics rows moved."""
+    metrics = run_dir / "metrics.jsonl"
+    moved = 0
+    if metrics.is_file():
+        keep, drop = [], []
+        for line in metrics.read_text(errors="replace").splitlines(keepends=True):
+            if not line.strip():
+                continue
+            try:
+                step = json.loads(line).get("step")
+            except (json.JSONDecodeError, AttributeError):
+                step = None  # a line cut mid-write by the dead run: kept aside, not in the records
+            (keep if isinstance(step, int) and step <= resume_step else drop).append(
+                line if line.endswith("\n") else line + "\n")
+        if drop:
+            with open(run_dir / _superseded_name(metrics.name), "a") as f:
+                f.writelines(drop)
+            tmp = metrics.with_name(".metrics.jsonl.tmp")
+            tmp.write_text("".join(keep))
+            os.replace(tmp, metrics)
+            moved = len(drop)
+    moves = ["summary.json"] + (["timeline.jsonl"] if resume_step == 0 else [])
+    for name in moves:
+        src = run_dir / name
+        if not src.is_file():
+            continue
+        dest = run_dir / _superseded_name(name)
+        if name.endswith(".jsonl"):
+            with open(dest, "a") as f:
+                f.write(src.read_text(errors="replace"))
+            src.unlink()
+        else:
+            os.replace(src, dest)
+    return moved
+
+
 class Tracker:
     """Writes a run's files and mirrors metrics to wandb. Use as the only sink in runtimes."""
 
-    def __init__(self, cfg: PivotConfig, run_dir: Path, use_wandb: bool = True) -> None:
+    def __init__(self, cfg: PivotConfig, run_dir: Path, use_wandb: bool = True,
+                 resume_step: int | None = None) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.superseded = supersede(self.run_dir, resume_step) if resume_step is not None else 0
+        """How many metrics rows a resume moved to `metrics.superseded.jsonl` (module docstring)."""
         self._cfg_dict = to_jsonable(cfg)
         self._write_config()
         self._metrics = open(self.run_dir / "metrics.jsonl", "a", buffering=1)

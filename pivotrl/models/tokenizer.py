@@ -15,10 +15,17 @@ BPE model with no merges (one token per character; see `build_tokenizer` for why
 
 so a generation stops at `<|eos|>` (the model's `eos_token_id`).
 
+A character outside the vocabulary is dropped (the tokenizer loaded from a model folder encodes it
+to nothing; the one built here, to `<|unk|>`), so the model never sees it (issue 22: `３` and `٣`
+were dropped, digits of the problem included). A run therefore refuses data with such a character
+at start, naming the row (`check_encodable`, for any tokenizer; a byte-level one encodes
+everything and refuses nothing).
+
 Public API:
     build_tokenizer() -> PreTrainedTokenizerFast
     save_tokenizer(path) -> Path
     load_tokenizer(path) -> PreTrainedTokenizerFast     (clear error if the folder does not load)
+    check_encodable(tok, examples, path)                (ValueError naming the row and characters)
     PAD_TOKEN, EOS_TOKEN, UNK_TOKEN, ROLE_TOKENS, CHAT_TEMPLATE, VOCAB_SIZE
 """
 from __future__ import annotations
@@ -117,3 +124,34 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     if tok.eos_token_id is None or tok.pad_token_id is None:
         raise ValueError(f"tokenizer folder {str(path)!r} has no eos or pad token")
     return tok
+
+
+def unknown_characters(tok: PreTrainedTokenizerBase, text: str) -> list[str]:
+    """The characters of `text` that `tok` cannot encode, in order of appearance: each encodes to
+    nothing (the folder-loaded tiny tokenizer drops it) or to the unknown token. Text that round
+    trips is taken whole; only text that does not is looked at character by character (so a
+    tokenizer that normalizes, without dropping, refuses nothing)."""
+    ids = tok.encode(text, add_special_tokens=False)
+    unk = tok.unk_token_id
+    if (unk is None or unk not in ids) and tok.decode(ids) == text:
+        return []
+    out = []
+    for c in dict.fromkeys(text):
+        got = tok.encode(c, add_special_tokens=False)
+        if not got or (unk is not None and unk in got):
+            out.append(c)
+    return out
+
+
+def check_encodable(tok: PreTrainedTokenizerBase, examples: list, path: str | Path) -> None:
+    """Every prompt message of `examples` (rows of `path`, in order) encodes without the unknown
+    token; else ValueError naming the file, the row, the message and the characters."""
+    for i, ex in enumerate(examples):
+        for m in ex.prompt:
+            bad = unknown_characters(tok, m["content"])
+            if bad:
+                raise ValueError(
+                    f"{path}: row {i}: the policy's tokenizer ({tok.name_or_path}) cannot encode "
+                    f"{', '.join(f'{c!r} (U+{ord(c):04X})' for c in bad)} in the {m['role']} message "
+                    f"{m['content'][:80]!r}: they would be dropped from the prompt (or become "
+                    f"{tok.unk_token}); write them with the characters it has, or drop the row")

@@ -15,7 +15,7 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     from pivotrl.report import TIMELINE_PNG, write_timeline
     from pivotrl.report.accuracy import accuracy_curves, draw_accuracy
-    from pivotrl.report.records import RunRecords
+    from pivotrl.report.records import MixedRunFolder, RunRecords
     from pivotrl.report.table import closing_rows, format_table
 
     ap = argparse.ArgumentParser(prog="python -m pivotrl.report", description=__doc__.split("\n\n")[1])
@@ -25,18 +25,22 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         runs = [RunRecords.read(d) for d in args.run_dirs]
-    except FileNotFoundError as e:
+    except (FileNotFoundError, MixedRunFolder) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_table([closing_rows(r) for r in runs]))
     for r in runs:
-        if r.skipped:
-            print(f"note: {r.run_dir}: {r.skipped} line(s) were not JSON (a run cut mid-write) and were skipped")
+        for name, (what, unknown) in r.problems.items():
+            print(f"note: {r.run_dir / name}: {what}" + ("; the figures read from it are shown as unknown (?)"
+                                                          if unknown else ""))
     if args.no_plots:
         return 0
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
     for r in runs:
+        if r.unknown("timeline.jsonl"):
+            print(f"timeline: not drawn for {r.run_dir}: timeline.jsonl {r.problems['timeline.jsonl'][0]}")
+            continue
         dest = args.out / f"{r.name}_{TIMELINE_PNG}" if args.out is not None else r.run_dir / TIMELINE_PNG
         print(f"timeline: {write_timeline(r.run_dir, dest)}")
     curves = accuracy_curves(runs)

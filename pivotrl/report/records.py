@@ -5,8 +5,12 @@ real run in the simulator, `pivotrl.sim.replay`): only the files, never wandb or
 a folder copied from another machine reads the same.
 - `RunRecords.read(run_dir)`: lenient. A run cut short (killed, crashed) may have no summary and a
   last line cut mid-write: the rows before it are kept and the cut line is counted in `skipped`.
-- `RunRecords.load(run_dir)`: strict, for a finished run: all three record files, a summary, and
-  one run per folder (no repeated step numbers).
+  A file that is missing or damaged (a line other than the last not JSON, a summary or config
+  that does not parse) is recorded in `problems`, and `unknown(file)` tells the report to show the
+  figures read from it as unknown, never as the zeros an empty file would give (issue 22).
+  Never lenient about a mixed folder: `metrics.jsonl` steps that repeat or go back (two runs
+  wrote into one folder) raise `MixedRunFolder` naming the line.
+- `RunRecords.load(run_dir)`: strict, for a finished run: all three record files and a summary.
 - Per-step token totals and per-sample lengths (`sample_lengths` timeline records) for the replay.
 """
 from __future__ import annotations
@@ -19,22 +23,60 @@ from typing import Any
 from pivotrl.report.timeline import Timeline, build_timeline
 
 
-def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """Rows of a jsonl file and how many lines were not JSON (a cut last line)."""
-    rows, bad = [], 0
+class MixedRunFolder(ValueError):
+    """A run folder whose metrics hold more than one run (steps repeat or go back)."""
+
+
+def check_step_order(path: Path) -> None:
+    """`MixedRunFolder` naming the first line of `path` (metrics.jsonl) whose step is not above the
+    previous line's."""
+    prev: tuple[int, Any] | None = None
+    for no, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        try:
+            step = json.loads(line).get("step")
+        except (json.JSONDecodeError, AttributeError):
+            continue
+        if not isinstance(step, (int, float)) or isinstance(step, bool):
+            continue
+        if prev is not None and step <= prev[1]:
+            raise MixedRunFolder(
+                f"{path} line {no}: step {step} after step {prev[1]} (line {prev[0]}): two runs wrote into this "
+                f"folder, so its figures would mix them; report a folder that holds one run")
+        prev = (no, step)
+
+
+def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[int], int]:
+    """Rows of a jsonl file, the numbers of the lines that are not a JSON object, and the number of
+    the last non-empty line."""
+    rows: list[dict[str, Any]] = []
+    bad: list[int] = []
+    last = 0
     if not path.exists():
-        return rows, 0
-    for line in path.read_text(errors="replace").splitlines():
+        return rows, bad, last
+    for no, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         if not line.strip():
             continue
+        last = no
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
-            bad += 1
-            continue
+            row = None
         if isinstance(row, dict):
             rows.append(row)
-    return rows, bad
+        else:
+            bad.append(no)
+    return rows, bad, last
+
+
+def _jsonl_problem(bad: list[int], last: int) -> tuple[str, bool] | None:
+    """What is wrong with a jsonl file, and whether its figures are unknown: only the last line
+    bad is a run cut mid-write (the rows before it are whole); any other bad line is damage."""
+    if not bad:
+        return None
+    if bad == [last]:
+        return f"line {last} cut mid-write (skipped)", False
+    shown = ", ".join(map(str, bad[:5])) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    return f"damaged: line(s) {shown} not JSON", True
 
 
 @dataclass
@@ -47,6 +89,9 @@ class RunRecords:
     timeline: list[dict[str, Any]]
     summary: dict[str, Any] | None
     skipped: int = 0
+    problems: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    """File name -> (what is wrong, whether the figures read from it are unknown): a missing or
+    damaged file. A run's missing summary is a partial run (`status`), not a problem."""
     _built: Timeline | None = field(default=None, repr=False)
 
     @classmethod
@@ -56,24 +101,55 @@ class RunRecords:
             raise FileNotFoundError(f"{run_dir} is not a run folder (no such directory)")
         if not (run_dir / "timeline.jsonl").exists() and not (run_dir / "metrics.jsonl").exists():
             raise FileNotFoundError(f"{run_dir} is not a run folder: it has no timeline.jsonl or metrics.jsonl")
+        problems: dict[str, tuple[str, bool]] = {}
         config: dict[str, Any] = {}
         if (run_dir / "config.yaml").exists():
             import yaml
 
-            config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-        metrics, b1 = read_jsonl(run_dir / "metrics.jsonl")
-        timeline, b2 = read_jsonl(run_dir / "timeline.jsonl")
+            try:
+                got = yaml.safe_load((run_dir / "config.yaml").read_text(errors="replace"))
+            except yaml.YAMLError:
+                got = None
+            if isinstance(got, dict):
+                config = got
+            else:
+                problems["config.yaml"] = ("damaged: not a YAML mapping", True)
+        else:
+            problems["config.yaml"] = ("missing", True)
+        if (run_dir / "metrics.jsonl").exists():
+            check_step_order(run_dir / "metrics.jsonl")
+        files: dict[str, list[dict[str, Any]]] = {}
+        skipped = 0
+        for name in ("metrics.jsonl", "timeline.jsonl"):
+            files[name], bad, last = read_jsonl(run_dir / name)
+            skipped += len(bad)
+            problem = _jsonl_problem(bad, last) if (run_dir / name).exists() else ("missing", True)
+            if problem is not None:
+                problems[name] = problem
         summary = None
         if (run_dir / "summary.json").exists():
             try:
-                summary = json.loads((run_dir / "summary.json").read_text())
+                summary = json.loads((run_dir / "summary.json").read_text(errors="replace"))
             except json.JSONDecodeError:
-                b1 += 1
-        return cls(run_dir, config, metrics, timeline, summary, b1 + b2)
+                summary = None
+            if not isinstance(summary, dict):
+                summary = None
+                skipped += 1
+                problems["summary.json"] = ("damaged: not a JSON object", True)
+        return cls(run_dir, config, files["metrics.jsonl"], files["timeline.jsonl"], summary, skipped, problems)
+
+    def unknown(self, *names: str) -> str | None:
+        """`? (<file> <what>)` when a figure read from any of `names` cannot be trusted (its file is
+        missing or damaged), else None."""
+        for name in names:
+            what, unknown = self.problems.get(name, ("", False))
+            if unknown:
+                return f"? ({name} {what.split(':')[0]})"
+        return None
 
     @classmethod
     def load(cls, run_dir: Path | str) -> "RunRecords":
-        """`read` for a finished run: all three record files and a summary, one run per folder."""
+        """`read` for a finished run: all three record files and a summary."""
         run_dir = Path(run_dir)
         for name in ("summary.json", "metrics.jsonl", "timeline.jsonl"):
             if not (run_dir / name).exists():
@@ -81,10 +157,6 @@ class RunRecords:
         rec = cls.read(run_dir)
         if rec.summary is None:
             raise ValueError(f"{run_dir}/summary.json is not JSON: not a finished run folder")
-        seen = [r["step"] for r in rec.metrics]
-        if len(seen) != len(set(seen)):
-            raise ValueError(f"{run_dir}/metrics.jsonl repeats step numbers: two runs wrote into one folder "
-                             f"(same-second Hydra folder names); replay a folder with one run")
         return rec
 
     @property

@@ -2,9 +2,12 @@
 
 Owns `closing_rows(records) -> [(label, value)]` (pure: from the run folder's summary, metrics and
 timeline) and `format_table(columns)`: one column per run. The figures: throughput, held-out
-accuracy before and after (real runtimes), train accuracy of the first and last step, shifts, time
+accuracy before and after (real runtimes), train accuracy of the first and last step, the judge's
+parse failures (and the steps over `models.genrm.judge.max_parse_failure_rate`), shifts, time
 per device state (from the timeline), ideal efficiency where the runtime knows it (sim), wall
-time, and whether the run finished (a summary was written).
+time, whether the run finished (a summary was written), and which of its files are missing or
+damaged: the figures read from such a file are shown as unknown (issue 22: a folder without
+`timeline.jsonl` showed 0 plans, 0 decisions and `free=100%`).
 """
 from __future__ import annotations
 
@@ -28,8 +31,21 @@ def _f(x: Any, fmt: str = "{:.3f}") -> str:
     return "-"
 
 
+def _parse_failures(p: Any) -> str:
+    """`failures/judged (rate)`, and the steps over the judge's threshold (summary `genrm_parse`)."""
+    if not isinstance(p, dict) or not p.get("total"):
+        return "-"
+    failures = int(p.get("failures") or 0)
+    out = f"{failures}/{p['total']} ({100 * failures / p['total']:.0f}%)"
+    over = p.get("steps_over") or []
+    if over:
+        out += f", {len(over)} step(s) over {100 * float(p.get('max_parse_failure_rate', 0)):.0f}%"
+    return out
+
+
 def closing_rows(rec: RunRecords) -> list[tuple[str, str]]:
-    """(label, value) rows of one run's closing table."""
+    """(label, value) rows of one run's closing table. A figure read from a missing or damaged file
+    is `? (<file> missing|damaged)`, never a zero, and the `records` row names every such file."""
     s = rec.summary or {}
     m = rec.metrics
     tl = rec.timeline_view()
@@ -38,27 +54,38 @@ def closing_rows(rec: RunRecords) -> list[tuple[str, str]]:
     total = sum(held.values())
     per_role = " ".join(f"{r}={100 * held[r] / total:.0f}%" for r in ROLES if held[r] >= 5e-4 * total) if total > 0 else "-"
     clock = "simulated" if (s.get("cluster") or (rec.config.get("cluster") or {}).get("kind")) == "sim" else "wall"
+    no_timeline = rec.unknown("timeline.jsonl")
+    no_metrics = rec.unknown("metrics.jsonl")
+    if "summary.json" in rec.problems:
+        status = f"summary.json {rec.problems['summary.json'][0]} ({len(m)} steps recorded)"
+    elif rec.summary is not None:
+        status = "finished"
+    else:
+        status = f"partial ({no_metrics or len(m)} steps recorded, no summary)"
     rows = [
         ("run", rec.label()),
         ("folder", rec.name),
-        ("status", "finished" if rec.summary is not None else f"partial ({len(m)} steps recorded, no summary)"),
+        ("status", status),
+        ("records", "; ".join(f"{name} {what}" for name, (what, _) in rec.problems.items()) or "complete"),
         ("devices", str(rec.num_devices)),
-        ("steps (measured)", f"{s.get('steps', len(m))} ({s.get('measured_steps', '-')})"),
+        ("steps (measured)", f"{s['steps'] if 'steps' in s else (no_metrics or len(m))} ({s.get('measured_steps', '-')})"),
         ("throughput tokens/s", _f(s.get("throughput_tokens_per_s"), "{:.1f}")),
         ("val accuracy before -> after",
          f"{_f(s.get('val_accuracy_before'))} -> {_f(s.get('val_accuracy_after'))}"),
         ("  greedy before -> after",
          f"{_f(s.get('val_accuracy_greedy_before'))} -> {_f(s.get('val_accuracy_greedy_after'))}"),
-        ("train accuracy first -> last step", f"{_f(acc[0] if acc else None)} -> {_f(acc[-1] if acc else None)}"),
+        ("train accuracy first -> last step",
+         no_metrics or f"{_f(acc[0] if acc else None)} -> {_f(acc[-1] if acc else None)}"),
         ("shifts (replica moves)", str(s.get("num_shifts", "-"))),
-        ("shift plans", str(len(tl.shifts))),
-        ("planner decisions applied", str(sum(1 for d in tl.decisions if d.applied))),
-        ("device time per state", per_role),
+        ("shift plans", no_timeline or str(len(tl.shifts))),
+        ("planner decisions applied", no_timeline or str(sum(1 for d in tl.decisions if d.applied))),
+        ("device time per state", no_timeline or per_role),
+        ("judge parse failures", _parse_failures(s.get("genrm_parse"))),
         ("tau_shift s (up+down)", ", ".join(f"{k}={_f(v, '{:.2f}')}" for k, v in (s.get("tau_shift") or {}).items())
          or "-"),
         ("training step device-s", _f(s.get("train_busy_device_s"), "{:.1f}")),
         ("ideal efficiency", _f(s.get("ideal_efficiency"))),
-        ("run clock s (timeline)", f"{_f(tl.end, '{:.1f}')} ({clock})"),
+        ("run clock s (timeline)", no_timeline or f"{_f(tl.end, '{:.1f}')} ({clock})"),
         ("wall s", _f(s.get("wall_s"), "{:.1f}")),
     ]
     return rows

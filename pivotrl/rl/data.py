@@ -143,6 +143,10 @@ def _check_row(i: int, row: dict, path: str) -> Example:
     if isinstance(gt, bool) or not isinstance(gt, (str, int)):
         raise ValueError(f"{where}: column 'reward_model.ground_truth' must be str (or int), "
                          f"got {type(gt).__name__}")
+    if not str(gt).strip():
+        # a prompt no response can match is never rewarded: it would only dilute the batch
+        raise ValueError(f"{where}: column 'reward_model.ground_truth' is empty ({gt!r}): no response can "
+                         "match it, so the prompt could never be rewarded; fill it in or drop the row")
     ds = row["data_source"]
     if not isinstance(ds, str):
         raise ValueError(f"{where}: column 'data_source' must be str, got {type(ds).__name__}")

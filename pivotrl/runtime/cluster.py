@@ -14,7 +14,8 @@ Joining Ray: `cluster.address=host:port` is probed and joined within `connect_ti
 `ClusterConnectError` that says how to start a head; `local` (the default of `cluster=local`)
 starts a private head with its own temp dir and port, stopped through this driver's own
 `ray.shutdown()` (never the CLI's stop command, which would stop other users' Ray too); `auto` is refused. The
-address in use is logged.
+address in use is logged. A private head gets a reaper (`reaper.py`): Ray ties its gcs and raylet
+to the driver, not the agents the raylet starts, which outlived a SIGKILLed driver by minutes.
 
 Errors: asking for more devices than the cluster's resources is a `ClusterResourceError` at start
 that names both numbers (and the resource). Teardown (`Cluster.shutdown`, or the
@@ -27,6 +28,7 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
@@ -36,6 +38,8 @@ log = logging.getLogger(__name__)
 
 #: The custom Ray resource of one virtual device on `cluster=local`.
 DEVICE_RESOURCE = "pivot_device"
+#: The file in a private head's temp dir where its reaper records the head's processes.
+REAPER_RECORD = "pivotrl-reaper.pids"
 #: Which Ray resource one device is, per `cluster.kind`.
 RESOURCE_OF_KIND = {"local": DEVICE_RESOURCE, "ray": "GPU"}
 
@@ -147,6 +151,9 @@ class Cluster:
     """The GCS address of the Ray in use (logged at start)."""
     temp_dir: str | None = None
     """The private head's own temp dir (`address=local`), removed at shutdown."""
+    reaper: Any = None
+    """The private head's `runtime.reaper.Reaper`: ends the head's processes by their recorded
+    pids when this driver dies (even by SIGKILL), and what is left of them at shutdown."""
 
     @property
     def resource(self) -> str:
@@ -213,6 +220,9 @@ class Cluster:
         if self.started_ray:
             ray.shutdown()  # our own driver's session: a private head stops with it
             self.started_ray = False
+        if self.reaper is not None:
+            self.reaper.close()
+            self.reaper = None
         if self.temp_dir is not None:
             import shutil
 
@@ -263,12 +273,13 @@ def _join(address: str, timeout_s: float, kwargs: dict[str, Any]) -> None:
                                   f"{type(e).__name__}: {e}") from e
 
 
-def _init_ray(spec: ClusterSpec) -> tuple[bool, str | None]:
-    """Start or join Ray; return (whether this call started it, the private head's temp dir)."""
+def _init_ray(spec: ClusterSpec) -> tuple[bool, str | None, Any]:
+    """Start or join Ray; return (whether this call started it, the private head's temp dir, its
+    reaper)."""
     import ray
 
     if ray.is_initialized():
-        return False, None
+        return False, None, None
     from pivotrl.logging.console import prepare_ray_init  # logging.verbose: Ray's console output
 
     kwargs: dict[str, Any] = dict(include_dashboard=False, configure_logging=False, **prepare_ray_init())
@@ -282,7 +293,7 @@ def _init_ray(spec: ClusterSpec) -> tuple[bool, str | None]:
             _join(address, spec.connect_timeout_s, kwargs)
         except ClusterConnectError as e:
             raise ClusterConnectError(f"{e}; {how_to_start(spec)}") from None
-        return True, None  # our connection: disconnect at the end (the cluster itself stays up)
+        return True, None, None  # our connection: disconnect at the end (the cluster itself stays up)
     # A private head ("local": always a fresh instance, never someone else's running cluster),
     # with its own temp dir; it stops with this driver's `ray.shutdown()`. Virtual devices declare
     # exactly num_devices of them; num_cpus is the real core count (the device actors claim no
@@ -295,6 +306,9 @@ def _init_ray(spec: ClusterSpec) -> tuple[bool, str | None]:
         res["resources"] = {DEVICE_RESOURCE: float(spec.num_devices)}
     elif spec.declare_gpus:
         res["num_gpus"] = spec.num_devices
+    from pivotrl.runtime.reaper import Reaper, children
+
+    before = children(os.getpid()) if os.path.exists("/proc/self/stat") else set()
     try:
         ray.init(address="local", num_cpus=max(1, len(os.sched_getaffinity(0))), _temp_dir=temp_dir, **res,
                  **kwargs)
@@ -303,7 +317,9 @@ def _init_ray(spec: ClusterSpec) -> tuple[bool, str | None]:
 
         shutil.rmtree(temp_dir, ignore_errors=True)
         raise
-    return True, temp_dir
+    # the head's processes are the children ray.init just started: a watcher ends them (and the
+    # agents the raylet starts) by pid if this driver dies (runtime/reaper.py)
+    return True, temp_dir, Reaper.start(before, record=Path(temp_dir) / REAPER_RECORD)
 
 
 def start_cluster(spec: ClusterSpec) -> Cluster:
@@ -312,8 +328,8 @@ def start_cluster(spec: ClusterSpec) -> Cluster:
     import ray
     from ray.util.placement_group import placement_group
 
-    started, temp_dir = _init_ray(spec)
-    cluster = Cluster(spec=spec, started_ray=started, temp_dir=temp_dir)
+    started, temp_dir, reaper = _init_ray(spec)
+    cluster = Cluster(spec=spec, started_ray=started, temp_dir=temp_dir, reaper=reaper)
     try:
         cluster.address = ray.get_runtime_context().gcs_address
         log.info("cluster: Ray at %s (%s)", cluster.address,

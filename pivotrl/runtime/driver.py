@@ -312,17 +312,20 @@ class DeviceDriver:
         self.record_event("sample_lengths", batch=int(act.batch), samples=[
             [int(sid), s.prompt_len(sid), len(led.responses.get(sid, ())), len(led.tokens[Role.REWARD].get(sid, ()))]
             for sid in sorted(ids)])
-        return self.stats.step_fields(
-            rewards=[led.rewards[x] for x in ids if x in led.rewards],
-            train_metrics=self.training.metrics.get(act.batch, {}), tau_shift=self.ctrl.tau_shift,
+        rewards = [led.rewards[x] for x in ids if x in led.rewards]
+        fields = self.stats.step_fields(
+            rewards=rewards, train_metrics=self.training.metrics.get(act.batch, {}), tau_shift=self.ctrl.tau_shift,
             role_state={r: self.monitor.state(r, self.ctrl.sched[r]) for r in INFERENCE_ROLES})
+        judged = len(rewards) if s.reward_fn.uses_genrm else 0  # warns past the judge's threshold
+        fields["genrm_parse_failure_rate"] = s.parse_watch.step(act.step, fields["genrm_parse_failures"], judged)
+        return fields
 
     def finish(self) -> dict[str, Any]:
         for t in self.threads:
             t.join(timeout=60)
         self.training.finish()
         ex = self.ex
-        return self.stats.summary(RunFacts(
+        return {**self.stats.summary(RunFacts(
             shift_log=ex.shift_log, tau_shift=self.ctrl.tau_shift, trained_ids=self.training.trained_ids,
             policy_version=self.ctrl.pipe.version, deaths=ex.deaths, lost_devices=sorted(ex.retired),
-            recoveries=ex.recoveries, wall_s=self.now))
+            recoveries=ex.recoveries, wall_s=self.now)), "genrm_parse": self.s.parse_watch.summary()}

@@ -369,9 +369,10 @@ class Executor:
                     point("shift_up", d, self.handle(d)[0])
                 ups.update(self._ups(s))
             inference = {d for s in plan.up if s.role in INFERENCE_ROLES for d in s.devices}
+            dead_before_up = set(res.dead)  # those died in the shift down: respawned, then shifted up whole
             up_t = self._call_all(ups, "shift_up", res, retry=inference.__contains__)
             for s in train_up:
-                if any(d in res.dead for d in s.devices):
+                if any(d in res.dead - dead_before_up for d in s.devices):
                     self.train_state_lost = True  # also a cold first build: its group is incomplete
                 if self.train_state_lost:  # a rank died in this shift: rebuild all from the checkpoint
                     self._recover_training(s)

@@ -1,20 +1,23 @@
-"""Named fault points of the real device loop, for deterministic kill tests (test-only in effect).
+"""Named fault points of the real device loop, for kill tests and the chaos soak (test-only in effect).
 
 The driver and the executor call `point(phase, device, actor)` at each place where a device may
 die: just before a `submit` reaches it, after a poll of it reported tokens or completions, before a
-shift down or shift up call, before a training step, before a weight publish, when a
+shift down or shift up call, before a training step, once a checkpoint's background write has
+started on the training ranks, before a weight publish (the rollout engines' weight load), when a
 training-home device holding the trainer's offloaded state was lent to inference, and before a
 respawned device is re-hosted (`PHASES`). With no hook installed
 (every real run) `point` returns at once. A test installs one with `set_hook(fn)`; `fn(phase,
-device, actor)` runs synchronously in the loop, so a kill it makes lands exactly at that phase
-(`kill_at` is such a hook: it kills one device once and waits until Ray reports the actor dead).
+device, actor)` runs synchronously in the loop, so a kill it makes lands exactly at that phase.
+Two such hooks: `kill_at` kills one device once (deterministic kill tests), `Chaos` kills a
+device every N seconds, cycling through the phases (`python -m pivotrl.bench chaos`). Each kill
+waits until Ray reports the actor dead (`kill_device`).
 """
 from __future__ import annotations
 
 import time
 from typing import Any, Callable
 
-PHASES = ("submit", "poll", "shift_down", "shift_up", "train", "publish", "lent_home", "rehost")
+PHASES = ("submit", "poll", "shift_down", "shift_up", "train", "checkpoint", "publish", "lent_home", "rehost")
 
 _hook: Callable[[str, int, Any], None] | None = None
 
@@ -31,15 +34,34 @@ def point(phase: str, device: int, actor: Any) -> None:
         _hook(phase, device, actor)
 
 
+def kill_device(actor: Any, timeout_s: float = 60.0) -> None:
+    """Kill a device's actor and return once Ray reports it dead (a call made after this returns
+    finds it dead)."""
+    import ray
+
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.ping.remote(), timeout=5)
+        except Exception:
+            return
+        time.sleep(0.05)
+
+
+def _check_phases(phases: tuple[str, ...]) -> None:
+    for ph in phases:
+        if ph not in PHASES:
+            raise ValueError(f"fault phase {ph!r}: allowed {', '.join(PHASES)}")
+
+
 def kill_at(phase: str | tuple[str, ...], device: int | None = None, after: int = 0, times: int = 1,
             when: Callable[[], bool] | None = None) -> Callable:
     """A hook that kills the actor from the `after`-th time (0 = the first) `phase` (or any of a
     tuple of phases) is reached for `device` (any device when None) while `when()` holds, `times`
     times in all; `fired` lists the (phase, device) it killed."""
     phases = (phase,) if isinstance(phase, str) else tuple(phase)
-    for ph in phases:
-        if ph not in PHASES:
-            raise ValueError(f"fault phase {ph!r}: allowed {', '.join(PHASES)}")
+    _check_phases(phases)
     seen = [0]
 
     def hook(ph: str, dev: int, actor: Any) -> None:
@@ -50,17 +72,59 @@ def kill_at(phase: str | tuple[str, ...], device: int | None = None, after: int 
         if seen[0] < after:
             seen[0] += 1
             return
-        import ray
-
-        ray.kill(actor, no_restart=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # a call made after this returns must find it dead
-            try:
-                ray.get(actor.ping.remote(), timeout=5)
-            except Exception:
-                break
-            time.sleep(0.05)
+        kill_device(actor)
         hook.fired.append((ph, dev))
 
     hook.fired = []
     return hook
+
+
+class Chaos:
+    """A hook that kills a device every `every_s` seconds, in turn at each of `phases`.
+
+    Every `every_s` seconds (from the first fault point) it arms for the next phase of the cycle;
+    the `skip`-th point of that phase reached after that (`skip` drawn from 0..2 by the seeded
+    `random.Random(seed)`, so the device varies) kills the device there, and the timer restarts.
+    A phase not reached within `every_s` more seconds (a pivot run that never shifts down while
+    armed, a checkpoint that is not due) is passed over for the next one (`missed` counts them).
+    `fired` lists each kill: `{"t": seconds since the first point, "phase", "device"}`."""
+
+    def __init__(self, every_s: float, phases: tuple[str, ...] = PHASES, seed: int = 0) -> None:
+        import random
+
+        if not every_s > 0:
+            raise ValueError(f"chaos every_s={every_s}: must be > 0 seconds")
+        _check_phases(tuple(phases))
+        self.every_s, self.phases, self.rng = float(every_s), tuple(phases), random.Random(seed)
+        self.fired: list[dict[str, Any]] = []
+        self.missed: dict[str, int] = {}
+        self._t0: float | None = None
+        self._due = 0.0  # time (since t0) the next kill is armed from
+        self._turn = 0  # index into phases of the armed one
+        self._skip = self.rng.randint(0, 2)
+
+    @property
+    def target(self) -> str:
+        return self.phases[self._turn % len(self.phases)]
+
+    def __call__(self, phase: str, device: int, actor: Any) -> None:
+        now = time.monotonic()
+        if self._t0 is None:
+            self._t0, self._due = now, self.every_s
+        t = now - self._t0
+        if t < self._due:
+            return
+        if t > self._due + self.every_s:  # the armed phase did not come: pass it over
+            self.missed[self.target] = self.missed.get(self.target, 0) + 1
+            self._turn += 1
+            self._due = t
+        if phase != self.target:
+            return
+        if self._skip > 0:
+            self._skip -= 1
+            return
+        kill_device(actor)
+        self.fired.append({"t": round(t, 3), "phase": phase, "device": int(device)})
+        self._turn += 1
+        self._skip = self.rng.randint(0, 2)
+        self._due = time.monotonic() - self._t0 + self.every_s

@@ -87,8 +87,7 @@ def run_real(cfg: PivotConfig, run_dir: Path, tracker: Tracker | None) -> dict[s
     import torch
 
     from pivotrl.deploy import make_controller
-    from pivotrl.rl.data import load_examples
-    from pivotrl.runtime.assets import load_assets, load_val_examples
+    from pivotrl.runtime.assets import load_assets
     from pivotrl.runtime.driver import DeviceDriver
     from pivotrl.runtime.launch import Launch
     from pivotrl.runtime.loop import RunLoop
@@ -102,9 +101,8 @@ def run_real(cfg: PivotConfig, run_dir: Path, tracker: Tracker | None) -> dict[s
     torch.set_num_threads(1)
     assets = load_assets(cfg, progress=progress)
     tok, genrm_tok = assets.tokenizers(cfg)
-    val = load_val_examples(assets.val_path, cfg.data.val_size)
-    samples = Samples(cfg, tok, genrm_tok, load_examples(assets.train_path), r.prompts_per_step, r.group_size,
-                      r.max_response)
+    train, val = assets.examples(cfg, tok)
+    samples = Samples(cfg, tok, genrm_tok, train, r.prompts_per_step, r.group_size, r.max_response)
     check_kv_capacity(cfg, samples.judge_room)  # the judge template measured; before Ray starts
     from pivotrl.logging.teardown import close_all
 

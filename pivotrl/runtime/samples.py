@@ -73,6 +73,7 @@ class Samples:
 
     def __init__(self, cfg: PivotConfig, tok: PreTrainedTokenizerBase, genrm_tok: PreTrainedTokenizerBase,
                  train_examples: list[Example], prompts_per_step: int, group_size: int, max_response: int) -> None:
+        from pivotrl.rl.genrm import ParseFailureWatch
         from pivotrl.rl.rewards import RewardFunction
 
         self.cfg, self.tok, self.genrm_tok, self.examples = cfg, tok, genrm_tok, train_examples
@@ -81,6 +82,8 @@ class Samples:
         self.prompt_ids = [self.encode(e.prompt) for e in train_examples]
         self.source = LocalPrompts(self.prompt_ids, self.P)
         self.reward_fn = RewardFunction(cfg.reward, judge=self.judge)
+        self.parse_watch = ParseFailureWatch(self.judge, self.reward_fn.stats)
+        """The judge's parse-failure rate per step (`rl.genrm.ParseFailureWatch`)."""
         self.judge_room = judge_template_tokens(genrm_tok, self.judge, cfg.models.genrm.chat)
         """Tokens of the judge template around a question and a response (`judge_template_tokens`)."""
 

@@ -100,6 +100,8 @@ class TrainingSteps:
         t0 = time.perf_counter()
         blocking = not bool(self.cfg.train.checkpoint_async)
         self.ex.train_call(act.devices, "save_checkpoint", path, {"step": version, "batch": act.batch}, blocking)
+        for d in act.devices:  # the write goes on in the background (a kill here: the chaos soak)
+            point("checkpoint", d, self.ex.handle(d)[0])
         self.record_event("checkpoint", version=version, path=path, background=not blocking,
                                  step_blocked_s=time.perf_counter() - t0)
 

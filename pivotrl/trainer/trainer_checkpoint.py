@@ -10,6 +10,9 @@ A checkpoint folder holds:
 - `trainer_state.json`: version and counters, written LAST, by rank 0, once every rank's part is
   on disk: it is what makes a folder a complete checkpoint (`latest_checkpoint` and `load` skip or
   refuse folders without it), so a crash at any point before leaves nothing that looks complete.
+  A resume trusts it only once the folder verifies (`verify_checkpoint`: the state parses, every
+  shard the DCP metadata names is there and long enough, `hf/` is whole): a folder damaged after
+  it was written is skipped, with a warning, for the previous one.
 
 Writes are asynchronous (`Checkpointer`, one per worker). `Checkpointer.start` is the part on the
 caller's critical path: it waits for the previous save, writes the small RNG file and stages the
@@ -36,6 +39,7 @@ learn the same outcome, and the next `wait` (also reached through the next `star
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
@@ -56,7 +60,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-__all__ = ["CheckpointError", "Checkpointer", "checkpoint_dir", "latest_checkpoint", "load"]
+__all__ = ["CheckpointError", "Checkpointer", "checkpoint_dir", "checkpoint_version", "latest_checkpoint", "load", "verify_checkpoint"]
+
+log = logging.getLogger(__name__)
 
 _CKPT_RE = re.compile(r"^step_(\d+)$")
 COMPLETE_MARKER = "trainer_state.json"
@@ -298,16 +304,83 @@ def checkpoint_dir(root: str | os.PathLike, version: int) -> Path:
     return Path(root) / f"step_{version:08d}"
 
 
+def checkpoint_version(path: str | os.PathLike) -> int:
+    """The policy version a checkpoint folder holds (its `trainer_state.json`)."""
+    return int(json.loads((Path(path) / COMPLETE_MARKER).read_text())["version"])
+
+
+def verify_checkpoint(path: str | os.PathLike) -> str | None:
+    """Why the checkpoint folder `path` cannot be resumed from, or None when it verifies: its
+    `trainer_state.json` parses and names a version; `dcp/.metadata` reads, and every shard file it
+    names is present and holds the bytes it indexes; `hf/` (what the driver publishes as the
+    policy) has its config and weight files, each as long as its header says; `extra.json`, when
+    present, parses. Reads metadata and file sizes only, no tensors."""
+    from pivotrl.gps.checkpoint import weight_files, safetensors_header
+    from pivotrl.gps.families import CheckpointMismatchError
+
+    path = Path(path)
+    try:
+        state = json.loads((path / COMPLETE_MARKER).read_text())
+        int(state["version"])
+    except FileNotFoundError:
+        return f"no {COMPLETE_MARKER} (its write did not finish)"
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
+        return f"{COMPLETE_MARKER} is damaged ({type(e).__name__}: {e})"
+    dcp_dir = path / "dcp"
+    if not (dcp_dir / ".metadata").is_file():
+        return "no dcp/.metadata (the sharded model and optimizer state is missing)"
+    try:
+        meta = dcp.FileSystemReader(str(dcp_dir)).read_metadata()
+    except Exception as e:  # noqa: BLE001 - any unreadable metadata makes the folder unusable
+        return f"dcp/.metadata does not read ({type(e).__name__}: {e})"
+    need: dict[str, int] = {}
+    for info in (meta.storage_data or {}).values():
+        rel = str(info.relative_path)
+        need[rel] = max(need.get(rel, 0), int(info.offset) + int(info.length))
+    for rel, size in sorted(need.items()):
+        f = dcp_dir / rel
+        if not f.is_file():
+            return f"shard dcp/{rel} is missing"
+        if f.stat().st_size < size:
+            return f"shard dcp/{rel} is cut short ({f.stat().st_size} of {size} bytes)"
+    try:
+        if not (path / "hf" / "config.json").is_file():
+            return "no hf/config.json (the policy's Hugging Face folder is missing)"
+        for f in weight_files(path / "hf"):
+            safetensors_header(f)
+    except (FileNotFoundError, CheckpointMismatchError) as e:
+        return f"hf/ is incomplete ({e})"
+    if (path / "extra.json").is_file():
+        try:
+            json.loads((path / "extra.json").read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return f"extra.json is damaged ({type(e).__name__}: {e})"
+    return None
+
+
+#: (folder, reason) of skipped checkpoints already logged: a resume looks twice (the run's check at
+#: start, then the launch), and says it once
+_SKIPS_LOGGED: set[tuple[str, str]] = set()
+
+
 def latest_checkpoint(root: str | os.PathLike) -> Path | None:
-    """The complete checkpoint under `root` with the highest version, or None if there is none.
-    A folder without `trainer_state.json` (a save that crashed or failed, or is still running) is
-    skipped."""
+    """The newest checkpoint under `root` that verifies (`verify_checkpoint`), or None if there is
+    none. A folder without `trainer_state.json` (a save that crashed or failed, or is still running)
+    is passed over silently, as it never counted; a folder that claims completeness but does not
+    verify (a damaged state file, a missing or cut shard) is passed over with a warning naming it
+    and why, and the previous checkpoint is taken (issue 22)."""
     root = Path(root)
     if not root.is_dir():
         return None
-    found = [
-        (int(m.group(1)), p)
-        for p in root.iterdir()
-        if (m := _CKPT_RE.match(p.name)) and (p / COMPLETE_MARKER).is_file()
-    ]
-    return max(found)[1] if found else None
+    found = sorted(((int(m.group(1)), p) for p in root.iterdir()
+                    if (m := _CKPT_RE.match(p.name)) and (p / COMPLETE_MARKER).is_file()), reverse=True)
+    for i, (_, p) in enumerate(found):
+        why = verify_checkpoint(p)
+        if why is None:
+            return p
+        if (str(p), why) not in _SKIPS_LOGGED:
+            _SKIPS_LOGGED.add((str(p), why))
+            nxt = next((q for _, q in found[i + 1:]), None)
+            log.warning("checkpoint %s is skipped: %s; %s", p, why,
+                        f"trying the previous one, {nxt.name}" if nxt is not None else "no earlier checkpoint")
+    return None

@@ -105,7 +105,7 @@ def test_a_folder_with_two_runs_is_refused(tmp_path):
     d = _fake_run(tmp_path / "run")
     with (d / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"step": 1, "batch": 0}) + "\n")
-    with pytest.raises(ValueError, match="repeats step numbers"):
+    with pytest.raises(ValueError, match=r"metrics.jsonl line \d+: step 1 after step \d+.*two runs wrote into this folder"):
         RunRecords.load(d)
 
 

@@ -28,6 +28,29 @@ def test_too_many_simulated_devices_is_refused_at_start_with_the_number_it_holds
     make(["cluster=sim", "models=qwen72b_qwen122b", "cluster.num_devices=1024"])
 
 
+@pytest.mark.parametrize("override", ["train.prompts_per_step=1000000000", "train.group_size=100000000"])
+def test_a_simulated_batch_beyond_the_memory_budget_is_refused_at_start(override):
+    """Issue 22: prompts_per_step=1e9 ran silent until killed, group_size=1e8 raised MemoryError."""
+    key, value = override.split("=")
+    with pytest.raises(ValueError) as exc:
+        make(["cluster=sim", "models=qwen7b_qwen30b", override])
+    msg = str(exc.value)
+    assert f"{key}={value}" in msg and "train.prompts_per_step" in msg and "train.group_size" in msg
+    assert "models.sim.memory_budget_gib=2.0" in msg and "deploy.staleness=2" in msg
+    cap = SimConfig().memory_budget_gib * 2**30 // (4 * 1024)
+    assert f"holds at most {int(cap)} samples per step" in msg
+    # the paper's batch (256 x 8) is far inside it, and a real runtime's batch is not the simulator's
+    make(["cluster=sim", "models=qwen72b_qwen122b"])
+    make(["cluster=local", override])
+
+
+def test_the_batch_bound_follows_budget_and_staleness():
+    SimConfig().check_batch(512, 1024, 0)
+    with pytest.raises(ValueError, match="holds at most 262144 samples"):
+        SimConfig().check_batch(512, 1024, 6)
+    SimConfig(memory_budget_gib=4.0).check_batch(512, 1024, 6)
+
+
 def test_max_devices_follows_the_budget():
     assert SimConfig(memory_budget_gib=0.5).max_devices() < SimConfig().max_devices() < SimConfig().max_devices(4)
     with pytest.raises(ValueError, match="memory_budget_gib"):

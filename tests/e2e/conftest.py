@@ -33,17 +33,21 @@ def tiny_assets(tmp_path_factory):
     return {"policy": root / "policy", "genrm": root / "genrm", "train": train, "val": val}
 
 
+def local_overrides(assets, mode: str, overrides: list[str] = ()) -> list[str]:
+    """The overrides of a `cluster=local` run of 2 tiny steps on the given tiny checkpoints."""
+    return [f"deploy={mode}", "cluster=local", f"models.policy.hf_path={assets['policy']}",
+            f"models.genrm.hf_path={assets['genrm']}", f"data.train_path={assets['train']}",
+            f"data.val_path={assets['val']}", "data.val_size=4", "data.max_response_length=12",
+            "cluster.max_wall_s=600", "engine.max_num_seqs=32", "engine.kv_capacity_tokens=8192",
+            "train.steps=2", "train.prompts_per_step=2", "train.group_size=4", "logging.wandb_mode=disabled",
+            "logging.progress=false", *overrides]
+
+
 def make_local_cfg(assets, mode: str, overrides: list[str] = ()):
     """A composed `cluster=local` PivotConfig for 2 tiny steps on the given tiny checkpoints."""
     from pivotrl.config import compose_config
 
-    return compose_config([
-        f"deploy={mode}", "cluster=local", f"models.policy.hf_path={assets['policy']}",
-        f"models.genrm.hf_path={assets['genrm']}", f"data.train_path={assets['train']}",
-        f"data.val_path={assets['val']}", "data.val_size=4", "data.max_response_length=12",
-        "cluster.max_wall_s=600", "engine.max_num_seqs=32", "engine.kv_capacity_tokens=8192",
-        "train.steps=2", "train.prompts_per_step=2", "train.group_size=4", "logging.wandb_mode=disabled",
-        "logging.progress=false", *overrides])
+    return compose_config(local_overrides(assets, mode, overrides))
 
 
 @contextlib.contextmanager

@@ -167,6 +167,27 @@ def test_lent_home_device_killed_recovers_the_trainer_at_its_version(ray_session
     assert summary["training_recoveries"][0]["version"] == rec[0]["version"]
 
 
+def test_a_lent_home_killed_again_as_it_returns_to_training_is_rebuilt_once(ray_session, tiny_assets, tmp_path,
+                                                                                hook):
+    """Found by the chaos soak (issue 22): the lent training home dies (its trainer state with it),
+    is respawned and re-hosted, then dies again as it is shifted down to return to training. The
+    shift rebuilds the trainer once, before its shift up; the death in the shift down (the device
+    came up fresh) no longer triggers a second rebuild, which called `shift_up(train)` on ranks
+    already training and stopped the run."""
+    from pivotrl.run import run
+
+    ck1 = tmp_path / "checkpoints" / "step_00000001" / "trainer_state.json"
+    h = hook(faults.kill_at(("lent_home", "shift_down"), device=3, times=2, when=ck1.is_file))
+    summary = run(make_local_cfg(tiny_assets, "pivot", ["deploy.staleness=0", "train.steps=3",
+                                                        "engine.max_num_seqs=2"]), tmp_path)
+    assert h.fired == [("lent_home", 3), ("shift_down", 3)]
+    back = [r for r in _timeline(tmp_path) if r["kind"] == "shift_timing" and 3 in r.get("dead", [])]
+    assert back and back[-1]["role_up"] == "train", "the second death came as device 3 returned to training"
+    assert summary["policy_version"] == 3
+    assert summary["samples_trained"] == summary["samples_trained_unique"] == 3 * 2 * 4
+    assert len(summary["training_recoveries"]) == 1
+
+
 def test_a_crash_looping_device_leaves_the_pool(ray_session, tiny_assets, tmp_path, hook):
     """Device 0 (rollout) dies when it first reports tokens, then at every re-host (an engine that
     crashes as it starts). With cluster.max_respawns=2: the re-host death keeps the role, so the

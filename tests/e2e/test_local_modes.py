@@ -38,6 +38,10 @@ def test_mode_trains_two_steps(ray_session, tiny_assets, tmp_path, mode):
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["tokens"] > 0 and r["samples"] == P * G for r in rows)
+    # the judge's parse-failure rate per step, against its threshold (random tiny judges mostly fail)
+    parse = summary["genrm_parse"]
+    assert parse["total"] == 2 * P * G and parse["failures"] == sum(r["genrm_parse_failures"] for r in rows)
+    assert parse["steps_over"] == [r["step"] for r in rows if r["genrm_parse_failure_rate"] > 0.5]
     # behaviour log-probs reached every batch: the first step is on-policy, so its ratio is 1
     assert summary["batches_without_behaviour_logprobs"] == 0
     assert rows[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-3)
@@ -107,3 +111,17 @@ def test_device_killed_before_shift_up_is_respawned_and_shifted(ray_session, tin
         ups = [t for t in res.timings if t["direction"] == "up"]
         assert ups and all(t["gps_file"] == 1.0 and t["gps_bytes"] > 0 for t in ups), \
             "each device read its node's GPS file itself"
+
+
+@pytest.mark.slow
+def test_a_qwen3_moe_judge_on_the_cpu_engine(ray_session, tiny_assets, tmp_path):
+    """Issue 22 item 3: `cluster=local` with a Qwen3-MoE judge died after 44 s with `load_weights:
+    24 unknown parameter names ...experts.0.gate_proj.weight` (GPS holds one tensor per expert,
+    the CPU engine's transformers module fused ones); now the judge loads and judges every sample."""
+    from pivotrl.models.tiny_families import make_tiny_checkpoint
+    from pivotrl.run import run
+
+    moe = make_tiny_checkpoint("qwen3_moe", tmp_path / "moe_genrm", dtype="bfloat16")
+    summary = run(make_local_cfg({**tiny_assets, "genrm": moe}, "pivot", ["engine=cpu"]), tmp_path / "run")
+    assert summary["policy_version"] == 2
+    assert summary["genrm_parse"]["total"] == 2 * 2 * 4, "every sample was judged by the MoE GenRM"

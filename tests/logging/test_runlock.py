@@ -76,3 +76,29 @@ def test_two_locks_in_one_process_conflict(tmp_path):
     t0 = time.time()
     RunLock.acquire(tmp_path).release()
     assert time.time() - t0 < 30  # bounded, never waits on a lock
+
+
+@pytest.mark.parametrize("record", ["metrics.jsonl", "timeline.jsonl", "summary.json", "checkpoints/step_00000002"])
+def test_a_fresh_run_into_a_finished_runs_folder_is_refused(tmp_path, record):
+    """Issue 22: a finished run released its lock; its records alone stop a fresh run, naming the
+    folder, the records and both ways on. A resume may continue there."""
+    d = tmp_path / "run"
+    p = d / record
+    if record.startswith("checkpoints"):
+        p.mkdir(parents=True)
+    else:
+        d.mkdir()
+        p.write_text('{"step": 1}\n')
+    with pytest.raises(RunFolderBusy, match=rf"{d} holds another run's records \({record}\).*"
+                                            r"train.resume=true.*another folder \(hydra.run.dir"):
+        RunLock.acquire(d)
+    assert not (d / LOCK_NAME).exists(), "a refused run leaves no lock file behind"
+    RunLock.acquire(d, resume=True).release()
+
+
+def test_hydra_files_and_empty_records_are_not_a_run(tmp_path):
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / "train.log").write_text("INFO starting\n")
+    (tmp_path / "metrics.jsonl").write_text("")  # opened, nothing written: no step was recorded
+    (tmp_path / "checkpoints").mkdir()
+    RunLock.acquire(tmp_path).release()

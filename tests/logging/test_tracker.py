@@ -78,3 +78,30 @@ def test_disabled_wandb_ignores_pictures(tmp_path, cfg):
     t = Tracker(cfg, tmp_path, use_wandb=False)
     t.log_images({"timeline": tmp_path / "missing.png"})  # no wandb run: nothing is read or sent
     t.close()
+
+
+def test_a_resume_moves_the_rows_it_trains_again_aside(tmp_path, cfg):
+    """A run killed at step 3 with its checkpoint at step 1: the resume's tracker keeps steps <= 1,
+    moves 2, 3 (and a cut line) to metrics.superseded.jsonl, so steps stay one per line, in order."""
+    rows = [json.dumps({"step": s}) + "\n" for s in (1, 2, 3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(rows) + '{"step": 4, "tok')
+    (tmp_path / "timeline.jsonl").write_text('{"kind": "shift"}\n')
+    (tmp_path / "summary.json").write_text("{}")
+    t = Tracker(cfg, tmp_path, use_wandb=False, resume_step=1)
+    t.log_step({"step": 2})
+    t.close()
+    assert t.superseded == 3
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    aside = (tmp_path / "metrics.superseded.jsonl").read_text().splitlines()
+    assert aside[:2] == rows[1].strip().split("\n") + rows[2].strip().split("\n") and aside[2].startswith('{"step": 4')
+    assert (tmp_path / "timeline.jsonl").read_text() == '{"kind": "shift"}\n', "a resume continues the timeline"
+    assert not (tmp_path / "summary.json").exists() and (tmp_path / "summary.superseded.json").read_text() == "{}"
+
+
+def test_a_resume_with_nothing_to_resume_starts_over(tmp_path, cfg):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    (tmp_path / "timeline.jsonl").write_text('{"kind": "shift"}\n')
+    Tracker(cfg, tmp_path, use_wandb=False, resume_step=0).close()
+    assert (tmp_path / "metrics.jsonl").read_text() == "" and (tmp_path / "timeline.jsonl").read_text() == ""
+    assert (tmp_path / "metrics.superseded.jsonl").read_text() == '{"step": 1}\n'
+    assert (tmp_path / "timeline.superseded.jsonl").read_text() == '{"kind": "shift"}\n'

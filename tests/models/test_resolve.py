@@ -87,3 +87,38 @@ def test_paper_groups_name_hub_checkpoints_and_stop_fast_without_them(group, tmp
         assert isinstance(hf, str) and "/" in hf, (group, role)
         with pytest.raises(CheckpointError, match=rf"models.{role}.hf_path='{hf}'.*hf download {hf}"):
             resolve_checkpoint(hf, f"models.{role}.hf_path", cache_dir=tmp_path)
+
+
+def _cut(f: Path) -> None:
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+
+def _random(f: Path) -> None:
+    import random
+
+    f.write_bytes(random.Random(0).randbytes(f.stat().st_size))
+
+
+def _longer(f: Path) -> None:
+    f.write_bytes(f.read_bytes() + b"\0" * 16)
+
+
+def _header_only(f: Path) -> None:
+    raw = f.read_bytes()
+    f.write_bytes(raw[: 8 + int.from_bytes(raw[:8], "little")])
+
+
+@pytest.mark.parametrize("damage,what", [(_cut, "cut short: its header's tensors need"),
+                                         (_header_only, "cut short: its header's tensors need"),
+                                         (_random, "not a safetensors file"),
+                                         (_longer, "longer than its header says")])
+def test_a_damaged_weight_file_names_itself_and_the_key(tmp_path, damage, what):
+    """Issue 22: the check at start reads headers, and now also holds each file's length to them: a
+    file cut in half, or random bytes, stops the run naming the file and the hf_path key."""
+    path = make_tiny_checkpoint("qwen3", tmp_path / "q", dtype="bfloat16")
+    (f,) = sorted(path.glob("*.safetensors"))
+    damage(f)
+    with pytest.raises(CheckpointError) as e:
+        resolve_checkpoint(str(path), "models.genrm.hf_path")
+    msg = str(e.value)
+    assert f"models.genrm.hf_path='{path}'" in msg and f"{f}: " in msg and what in msg, msg

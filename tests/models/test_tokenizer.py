@@ -82,3 +82,30 @@ def test_load_tokenizer_bad_folders(tmp_path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="does not load"):
         load_tokenizer(tmp_path / "empty")
+
+
+@pytest.mark.parametrize("content,bad", [("Tom has ３ apples.", "'３' (U+FF13)"), ("٣+4=?", "'٣' (U+0663)"),
+                                         ("a\tb", "'\\t' (U+0009)"), ("Zoë has 2 cups", "'ë' (U+00EB)")])
+def test_data_the_tokenizer_cannot_encode_is_refused_naming_the_row(content: str, bad: str) -> None:
+    """Issue 22: the tiny tokenizer silently dropped Unicode characters, digits of the problem
+    included; a run now stops at start naming the file, the row and the characters."""
+    from pivotrl.models.tokenizer import check_encodable, unknown_characters
+    from pivotrl.rl.data import Example
+
+    tok = build_tokenizer()
+    rows = [Example([{"role": "user", "content": "1+1?"}], "2"), Example([{"role": "user", "content": content}], "7")]
+    assert unknown_characters(tok, rows[0].prompt[0]["content"]) == []
+    with pytest.raises(ValueError) as e:
+        check_encodable(tok, rows, "train.parquet")
+    msg = str(e.value)
+    assert msg.startswith("train.parquet: row 1: the policy's tokenizer") and bad in msg and "dropped" in msg
+
+
+def test_the_bootstrap_data_is_encodable() -> None:
+    """The synthetic task the bootstrap trains on (every template, name and item) passes the check
+    the runtimes make at start."""
+    from pivotrl.models.tokenizer import check_encodable
+    from pivotrl.rl.data import Example, generate_rows
+
+    rows = generate_rows(2000, "train", 0, 0, 99)
+    check_encodable(build_tokenizer(), [Example(r["prompt"], r["reward_model"]["ground_truth"]) for r in rows], "x")

@@ -4,6 +4,7 @@ Also the local runtime's record format rebuilt against its own allocation record
 from __future__ import annotations
 
 import collections
+import json
 import shutil
 from pathlib import Path
 
@@ -94,4 +95,62 @@ def test_a_cut_folder_reads_as_partial(local_copy, capsys):
     assert main([str(local_copy), "--no-plots"]) == 0
     out = capsys.readouterr().out
     assert "partial (4 steps recorded, no summary)" in out
-    assert "1 line(s) were not JSON" in out
+    n = len((local_copy / "timeline.jsonl").read_text().splitlines())
+    assert f"timeline.jsonl: line {n} cut mid-write (skipped)" in out
+    rows = dict(closing_rows(RunRecords.read(local_copy)))
+    assert rows["shift plans"] != "?" and not rows["shift plans"].startswith("?"), "a cut last line keeps the figures"
+
+
+def test_a_folder_without_its_timeline_shows_unknown_not_zero(local_copy, capsys):
+    """Issue 22: with no timeline.jsonl the report showed 0 plans, 0 decisions and free=100%."""
+    (local_copy / "timeline.jsonl").unlink()
+    assert main([str(local_copy)]) == 0
+    out = capsys.readouterr().out
+    rows = dict(closing_rows(RunRecords.read(local_copy)))
+    for label in ("shift plans", "planner decisions applied", "device time per state", "run clock s (timeline)"):
+        assert rows[label] == "? (timeline.jsonl missing)", label
+    assert rows["records"] == "timeline.jsonl missing" and rows["status"] == "finished"
+    assert f"note: {local_copy / 'timeline.jsonl'}: missing; the figures read from it are shown as unknown" in out
+    assert "free=100%" not in out and "timeline: not drawn" in out and not (local_copy / "timeline.png").exists()
+
+
+def test_damaged_files_are_named_and_their_figures_unknown(local_copy, capsys):
+    lines = (local_copy / "metrics.jsonl").read_text().splitlines()
+    lines[1] = lines[1][: len(lines[1]) // 2]  # a line in the middle, not the last: damage, not a cut
+    (local_copy / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (local_copy / "summary.json").write_text('{"steps": 4, "throughput')
+    (local_copy / "config.yaml").unlink()
+    rec = RunRecords.read(local_copy)
+    rows = dict(closing_rows(rec))
+    assert rows["train accuracy first -> last step"] == "? (metrics.jsonl damaged)"
+    assert rows["status"].startswith("summary.json damaged: not a JSON object")
+    assert rows["records"] == ("config.yaml missing; metrics.jsonl damaged: line(s) 2 not JSON; "
+                               "summary.json damaged: not a JSON object")
+    assert main([str(local_copy), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert f"note: {local_copy / 'metrics.jsonl'}: damaged: line(s) 2 not JSON; the figures" in out
+
+
+@pytest.mark.parametrize("steps", [[1, 2, 1, 2], [1, 3, 2]])
+def test_a_folder_with_repeated_or_out_of_order_steps_is_refused(local_copy, capsys, steps):
+    """Issue 22: two runs' rows in one metrics.jsonl: the report names the line and shows nothing."""
+    rows = [json.loads(x) for x in (local_copy / "metrics.jsonl").read_text().splitlines()]
+    (local_copy / "metrics.jsonl").write_text("".join(json.dumps({**rows[0], "step": s}) + "\n" for s in steps))
+    bad = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
+    assert main([str(local_copy), "--no-plots"]) == 2
+    captured = capsys.readouterr()
+    assert (f"metrics.jsonl line {bad + 1}: step {steps[bad]} after step {steps[bad - 1]} (line {bad})"
+            in captured.err)
+    assert "throughput tokens/s" not in captured.out
+
+
+def test_the_judges_parse_failures_are_in_the_closing_table(local_copy):
+    """Issue 22: the rate a run's summary.json records (`genrm_parse`) is a row of the table."""
+    summary = json.loads((local_copy / "summary.json").read_text())
+    summary["genrm_parse"] = {"total": 40, "failures": 30, "failure_rate": 0.75, "max_parse_failure_rate": 0.5,
+                              "steps_over": [2, 3, 4], "template": "tiny", "parser": "score_line"}
+    (local_copy / "summary.json").write_text(json.dumps(summary))
+    assert dict(closing_rows(RunRecords.read(local_copy)))["judge parse failures"] == "30/40 (75%), 3 step(s) over 50%"
+    del summary["genrm_parse"]
+    (local_copy / "summary.json").write_text(json.dumps(summary))
+    assert dict(closing_rows(RunRecords.read(local_copy)))["judge parse failures"] == "-"

@@ -111,3 +111,13 @@ def test_missing_or_unreadable_file(tmp_path) -> None:
 def test_data_config_bad_values(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):  # relative to DataConfig; the loader adds `data.`
         DataConfig(**kwargs)
+
+
+@pytest.mark.parametrize("gt", ["", "   ", "\n"])
+def test_an_empty_ground_truth_is_refused_naming_the_row(tmp_path, gt: str) -> None:
+    """Issue 22: an empty ground truth was accepted; that prompt could never be rewarded."""
+    bad = _good_row()
+    bad["reward_model"] = {"style": "rule", "ground_truth": gt}
+    p = _write(tmp_path, [_good_row(), _good_row(), bad])
+    with pytest.raises(ValueError, match=rf"{p}: row 2: column 'reward_model.ground_truth' is empty .*never be rewarded"):
+        load_examples(p)

