@@ -136,7 +136,7 @@ class DeviceDriver:
         role = self.ex.role_of.get(d)
         if role not in INFERENCE_ROLES or res.role != role.value or self.poll_gen.get(d) != self.ex.handle(d)[1]:
             return  # a poll that straddled a shift or a respawn: nothing of this role is left on it
-        new = sum(self.ledger.progress(role, sid, Tokens.of(toks), d) for sid, toks in res.progress.items())
+        new = self.ledger.fold(role, d, res.progress)
         self.monitor.ingest(role, d, res.stats, new)
         for c in res.completions:
             yield from self._complete(role, d, c)
@@ -182,7 +182,7 @@ class DeviceDriver:
         self.record_event("device_death", device=d, role=getattr(role, "value", None), why=death.why,
                           sequences=lost, generation=death.generation, held_train_state=death.held_train,
                           crash_loop=death.crash_loop,
-                          tokens_kept={sid: len(self.ledger.tokens[role].get(sid, ())) for sid in lost})
+                          tokens_kept={sid: self.ledger.length(role, sid) for sid in lost})
         self.counts["device_deaths"] += 1
         # role TRAIN here: found dead while shifting training down; its state is rebuilt from the
         # checkpoint on the next training shift up (a death during a step raises in `_train`)
@@ -254,7 +254,7 @@ class DeviceDriver:
             self.deferred.append((role, d, c))
 
     def _request(self, role: Role, sid: int) -> Any:
-        return self.s.request(role, sid, self.ledger.tokens[role].get(sid, Tokens()), self.ledger.judge_ids.get(sid))
+        return self.s.request(role, sid, self.ledger.so_far(role, sid), self.ledger.judge_ids.get(sid))
 
     def start_shift(self, act: StartShift) -> None:
         self.counts["shifts"] += len(act.plan.up) + len(act.plan.down)

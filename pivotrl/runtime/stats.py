@@ -33,7 +33,7 @@ class RealStats:
         led, s = drv.ledger, drv.s
         ids = [x for x in drv.training.trained_ids if s.batch_of(x) == act.batch]
         drv.record_event("sample_lengths", batch=int(act.batch), samples=[
-            [int(sid), s.prompt_len(sid), len(led.responses.get(sid, ())), len(led.tokens[Role.REWARD].get(sid, ()))]
+            [int(sid), s.prompt_len(sid), len(led.responses.get(sid, ())), led.length(Role.REWARD, sid)]
             for sid in sorted(ids)])
         rw = [led.rewards[x] for x in ids if x in led.rewards]
         tm = drv.training.metrics.get(act.batch, {})

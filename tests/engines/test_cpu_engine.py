@@ -436,3 +436,10 @@ def test_tokens_so_far_pickles_with_logprobs():
     assert t == [3, 4] and t.logprobs == [-0.5, -1.25]
     with pytest.raises(ValueError, match="log-probs"):
         TokensSoFar([1, 2], [0.0])
+
+
+def test_new_tokens_report_each_token_once(engine, prompts):
+    """The progress reporting the runtime polls (`new_tokens`): deltas since the last report."""
+    from .conftest import check_new_tokens
+
+    check_new_tokens(engine, prompts, base=0, step_timeout=None)
