@@ -159,14 +159,8 @@ class CPUEngine:
 
     def new_tokens(self) -> TokenDeltas:
         """Each running sequence's tokens since the last call (waiting ones have generated none)."""
-        out = TokenDeltas()
         with self._lock:
-            for s in self._batch.seqs:
-                if len(s.generated) > s.reported:
-                    out.add(s.req.seq_id, s.generated[s.reported:],
-                            None if s.logprobs is None else s.logprobs[s.reported:])
-                    s.reported = len(s.generated)
-        return out
+            return TokenDeltas.since_reported(self._batch.seqs)
 
     def abort(self, seq_ids: Iterable[int] | None = None) -> dict[int, list[int]]:
         with self._lock:

@@ -153,6 +153,19 @@ class TokenDeltas:
         self.seq_ids.append(seq_id)
         self.ends.append(len(self.ids))
 
+    @classmethod
+    def since_reported(cls, seqs: Iterable[Any]) -> "TokenDeltas":
+        """The `new_tokens` of an engine's live sequences: each `seq` (with `req.seq_id`,
+        `generated`, `logprobs` (None: unknown) and `reported`, the tokens reported so far) adds
+        `generated[reported:]`, then counts them reported. Call under the engine's lock."""
+        out = cls()
+        for s in seqs:
+            n = len(s.generated)
+            if n > s.reported:
+                out.add(s.req.seq_id, s.generated[s.reported:], None if s.logprobs is None else s.logprobs[s.reported:])
+                s.reported = n
+        return out
+
     def __len__(self) -> int:
         """Sequences with new tokens."""
         return len(self.seq_ids)

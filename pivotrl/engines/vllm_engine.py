@@ -245,13 +245,8 @@ class VLLMEngine:
 
     def new_tokens(self) -> TokenDeltas:
         """Each live sequence's tokens since the last call (the streaming tasks append them)."""
-        out = TokenDeltas()
         with self._lock:
-            for i, l in self._live.items():
-                if len(l.generated) > l.reported:
-                    out.add(i, l.generated[l.reported:], None if l.logprobs is None else l.logprobs[l.reported:])
-                    l.reported = len(l.generated)
-        return out
+            return TokenDeltas.since_reported(self._live.values())
 
     def abort(self, seq_ids: Iterable[int] | None = None) -> dict[int, list[int]]:
         want = None if seq_ids is None else set(seq_ids)

@@ -136,8 +136,7 @@ class DeviceDriver:
         role = self.ex.role_of.get(d)
         if role not in INFERENCE_ROLES or res.role != role.value or self.poll_gen.get(d) != self.ex.handle(d)[1]:
             return  # a poll that straddled a shift or a respawn: nothing of this role is left on it
-        new = self.ledger.fold(role, d, res.progress)
-        self.monitor.ingest(role, d, res.stats, new)
+        new = take_poll(self.ledger, self.monitor, role, d, res)
         for c in res.completions:
             yield from self._complete(role, d, c)
         if new or res.completions:
@@ -297,3 +296,13 @@ class DeviceDriver:
             t.join(timeout=60)
         self.training.finish()
         return self.stats.summary(self)
+
+
+def take_poll(ledger: SequenceLedger, monitor: Monitor, role: Role, device: int, res: Any) -> int:
+    """The bookkeeping of one poll of `device` serving `role` (a `device.DevicePoll`): its new
+    tokens appended to the ledger, its load and timing samples to the monitor; returns the new
+    tokens counted. Its completions are the caller's (`DeviceDriver._complete`). What
+    `python -m pivotrl.bench bookkeeping` measures at paper scale."""
+    new = ledger.fold(role, device, res.progress)
+    monitor.ingest(role, device, res.stats, new)
+    return new
