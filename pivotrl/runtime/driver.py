@@ -11,6 +11,9 @@ Decisions:
   come back through a queue and become events in `wait`: the controller sees one event at a time.
 - A completion is accepted only from the device the ledger placed that sequence on; one that
   raced an abort is delivered once, after the current actions.
+- Submits are not waited for: the assigns of one batch of events go out together, one call per
+  device, when `wait` next turns to the devices (`submits.Submits`: aborts and shifts wait for
+  them first; deaths and errors surface at the next `wait`).
 - Deaths: whichever call finds a device dead respawns it (`Executor.respawn`, one `Death` each);
   the driver takes each death once (`Executor.take_deaths`, the run's one count): a dead
   inference device re-hosts its replica (cold) unless a shift holds it, and its sequences go back
@@ -88,6 +91,10 @@ class DeviceDriver:
         t = self.now
         self.stats.hold(self.ex.role_of.values(), t - self._last)
         self._last = t
+        t0 = time.perf_counter()
+        self.ex.submits.flush()  # the last batch's submits, one call per device
+        self.ex.submits.check()
+        self.stats.dispatch_s += time.perf_counter() - t0
         for d in self.ex.serving():
             if d not in self.polls:
                 actor, self.poll_gen[d] = self.ex.handle(d)
@@ -120,6 +127,7 @@ class DeviceDriver:
     def idle(self) -> bool:
         self.threads = [t for t in self.threads if t.is_alive()]
         return (not self.polls and not self.threads and self.results.empty() and not self.ledger.running()
+                and not self.ex.submits.pending()
                 and not self.deferred and not self.to_retire and not any(r in INFERENCE_ROLES for r in self.ex.role_of.values()))
 
     def _on_poll(self, d: int, ref: Any) -> Iterator[Any]:
@@ -256,6 +264,7 @@ class DeviceDriver:
         return self.s.request(role, sid, self.ledger.so_far(role, sid), self.ledger.judge_ids.get(sid))
 
     def start_shift(self, act: StartShift) -> None:
+        self.ex.submits.settle(d for s in act.plan.down for d in s.devices)  # none may land mid-shift
         self.counts["shifts"] += len(act.plan.up) + len(act.plan.down)
         self._spawn(lambda p=act.plan: ("shift", self.ex.run_shift(p)))
 
