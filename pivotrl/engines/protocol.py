@@ -170,6 +170,10 @@ class TokenDeltas:
         """Sequences with new tokens."""
         return len(self.seq_ids)
 
+    def __iter__(self) -> Iterator[int]:
+        """The sequences with new tokens (as a mapping's keys: `sid in deltas` works)."""
+        return iter(self.seq_ids)
+
     @property
     def tokens(self) -> int:
         """New tokens in all."""

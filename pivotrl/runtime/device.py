@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from pivotrl.core.types import Role
+from pivotrl.engines.protocol import TokenDeltas
 from pivotrl.runtime.roles import (EnginePlacement, InferenceHost, RoleHost, RoleSpec, ShiftTiming, TrainHost,
                                    make_host)
 
@@ -55,9 +56,9 @@ class DevicePoll:
     device: int
     completions: list[Any] = field(default_factory=list)
     """`protocol.Completion`s, each reported once."""
-    progress: Any = None
-    """`protocol.TokenDeltas`: new tokens (with their behaviour log-probs) per live sequence since
-    the previous poll, for the driver to append to its copy (empty when no engine is active)."""
+    progress: TokenDeltas = field(default_factory=TokenDeltas)
+    """New tokens (with their behaviour log-probs) per live sequence since the previous poll, for
+    the driver to append to its copy (empty when no engine is active)."""
     stats: Any = None
     """`protocol.EngineStats` (samples drained) of the active engine, or None."""
     role: str | None = None
@@ -236,9 +237,7 @@ class DeviceWorker:
             out, self._outbox = self._outbox, []
             host = self.active
             error = self._error
-        from pivotrl.engines.protocol import TokenDeltas
-
-        res = DevicePoll(device=self.device, completions=out, error=error, progress=TokenDeltas(),
+        res = DevicePoll(device=self.device, completions=out, error=error,
                          role=None if host is None else host.role.value)
         if isinstance(host, InferenceHost) and host.engine is not None and host.active:
             res.progress = host.engine.new_tokens()

@@ -139,5 +139,6 @@ def test_token_deltas_are_flat_and_pickle_with_unknown_logprobs():
     assert got[4] == [1, 2] and got[4].logprobs == [-0.5, -0.25]
     assert got[9] == [3] and got[9].logprobs is None and got[5] == []
     assert back.get(9) == [3] and back.get(7) is None
+    assert list(back) == [4, 9, 5] and 9 in back and 7 not in back
     with pytest.raises(ValueError, match="seq 1 has 1 log-probs for 2 tokens"):
         TokenDeltas().add(1, [1, 2], [0.0])
