@@ -25,13 +25,15 @@ the ledger hold every token (about 16 bytes per token each: 3.5 GB at the defaul
 """
 from __future__ import annotations
 
+import itertools
 import pickle
 import random
 import statistics
 import tempfile
 import threading
 import time
-from typing import Any
+from array import array
+from typing import Any, Iterator
 from unittest import mock
 
 from pivotrl.bench.common import parser, print_table, write_json
@@ -44,12 +46,16 @@ _CHUNK = 1 << 15  # distinct token ids / log-probs the scripted engine cycles th
 
 
 class _Seq:
+    """A scripted sequence. Its tokens are arrays, not lists as in the real engines: those live in
+    the device processes, and lists of millions of tokens here would make the benchmark's own
+    garbage collections (which traverse lists) part of the driver's measured cost."""
+
     __slots__ = ("req", "generated", "logprobs", "reported")
 
     def __init__(self, req: GenerationRequest) -> None:
         self.req = req
-        self.generated = list(req.generated)
-        self.logprobs = list(req.generated_logprobs or [])
+        self.generated = array("q", req.generated)
+        self.logprobs = array("d", req.generated_logprobs or [])
         self.reported = len(self.generated)
 
 
@@ -68,8 +74,8 @@ class ScriptedEngine:
         self.kv_capacity_tokens = kv_capacity_tokens
         self.iters: list[IterationSample] = []
         rng = random.Random(0)
-        self.ids = [rng.randrange(150_000) for _ in range(_CHUNK)]
-        self.lps = [-rng.random() for _ in range(_CHUNK)]
+        self.ids = array("q", [rng.randrange(150_000) for _ in range(_CHUNK)])
+        self.lps = array("d", [-rng.random() for _ in range(_CHUNK)])
 
     def submit(self, r: GenerationRequest) -> None:
         self.live[r.seq_id] = _Seq(r)
@@ -98,8 +104,8 @@ class ScriptedEngine:
         with self.lock:
             for sid in list(self.live)[:n]:
                 s = self.live.pop(sid)
-                self.done.append(Completion(sid, s.req.prompt_ids, list(s.generated), "length", 0,
-                                            logprobs=list(s.logprobs)))
+                self.done.append(Completion(sid, s.req.prompt_ids, s.generated.tolist(), "length", 0,
+                                            logprobs=s.logprobs.tolist()))
 
     def new_tokens(self) -> TokenDeltas:
         return TokenDeltas.since_reported(self.live.values())
@@ -129,12 +135,12 @@ class ScriptedEngine:
 class Replica:
     """One device actor's body hosting a scripted engine, and the driver's view of it."""
 
-    def __init__(self, device: int, role: Role, seqs: int, first_id: int, model_dir: str) -> None:
+    def __init__(self, device: int, role: Role, seqs: int, ids: Iterator[int], model_dir: str) -> None:
         from pivotrl.config.engine import EngineConfig
         from pivotrl.runtime import roles
         from pivotrl.runtime.device import DeviceWorker
 
-        self.device, self.role, self.next_id = device, role, first_id
+        self.device, self.role, self.next_ids = device, role, ids
         self.engine = ScriptedEngine(kv_capacity_tokens=seqs * 40_000)
         self.worker = DeviceWorker(device, threads=1)
         spec = roles.RoleSpec(role, "policy" if role == Role.ROLLOUT else "genrm", model_dir,
@@ -145,8 +151,7 @@ class Replica:
         self.add(seqs, ledger=None)
 
     def add(self, n: int, ledger: Any) -> None:
-        reqs = [GenerationRequest(self.next_id + i, [1, 2, 3]) for i in range(n)]
-        self.next_id += n
+        reqs = [GenerationRequest(next(self.next_ids), [1, 2, 3]) for _ in range(n)]
         self.worker.submit(reqs)
         for r in reqs:
             self.ids.append(r.seq_id)
@@ -187,7 +192,7 @@ def verify(reps: list[Replica], ledger: Any) -> None:
         _driver_pass([(rep, _poll(rep, False)[0])], ledger, None)
         for sid, s in rep.engine.live.items():
             got = ledger.so_far(rep.role, sid)
-            if list(got.ids) != s.generated or list(got.logprobs) != s.logprobs:
+            if list(got.ids) != s.generated.tolist() or list(got.logprobs) != s.logprobs.tolist():
                 raise AssertionError(f"device {rep.device} seq {sid}: the ledger holds {len(got)} tokens "
                                      f"that differ from the engine's {len(s.generated)}")
 
@@ -199,11 +204,14 @@ def measure(replicas: int, seqs: int, lengths: list[int], k: int, passes: int, s
     from pivotrl.runtime.monitor import Monitor
 
     rng = random.Random(seed)
-    ledger, monitor = SequenceLedger(), Monitor()
+    # rows as wide as the longest sequence, as the driver makes them (no widening mid-run)
+    longest = max(lengths) + k * (passes + 1)
+    ledger = SequenceLedger(widths={Role.ROLLOUT: longest, Role.REWARD: int(longest * JUDGE_OVER_RESPONSE) + k})
+    monitor = Monitor()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as model_dir:
-        reps = [Replica(d, Role.ROLLOUT if d % 2 == 0 else Role.REWARD, seqs, d * 10_000_000, model_dir)
-                for d in range(replicas)]
+        ids = itertools.count()  # dense, as a run's sample ids
+        reps = [Replica(d, Role.ROLLOUT if d % 2 == 0 else Role.REWARD, seqs, ids, model_dir) for d in range(replicas)]
         try:
             for rep in reps:
                 for sid in rep.ids:

@@ -130,28 +130,34 @@ class TokenDeltas:
 
     Sequence `seq_ids[i]` has new tokens `ids[ends[i-1]:ends[i]]` (from 0 for i = 0) with
     behaviour log-probs `logprobs[...]` over the same range, unless its log-probs are unknown
-    (`seq_id in unknown`: a resume that came without them; its `logprobs` range holds NaN)."""
+    (`seq_id in unknown`: a resume that came without them; its `logprobs` range holds NaN). The
+    first of them is token number `starts[i]` of the sequence's response (the tokens it was
+    submitted with count): a reader that holds more (an abort's result) takes only the rest, so a
+    report delivered late is never counted twice."""
 
     seq_ids: array = field(default_factory=lambda: array("q"))
     ends: array = field(default_factory=lambda: array("q"))
+    starts: array = field(default_factory=lambda: array("q"))
     ids: array = field(default_factory=lambda: array("q"))
     logprobs: array = field(default_factory=lambda: array("d"))
     unknown: set[int] = field(default_factory=set)
 
-    def add(self, seq_id: int, ids: Iterable[int], logprobs: Iterable[float] | None) -> None:
-        """Append one sequence's new tokens (`logprobs` None: unknown)."""
-        start = len(self.ids)
+    def add(self, seq_id: int, ids: Iterable[int], logprobs: Iterable[float] | None, start: int = 0) -> None:
+        """Append one sequence's new tokens (`logprobs` None: unknown), the first being its
+        response's token number `start`."""
+        at = len(self.ids)
         self.ids.extend(ids)
-        n = len(self.ids) - start
+        n = len(self.ids) - at
         if logprobs is None:
             self.unknown.add(seq_id)
             self.logprobs.extend([math.nan] * n)
         else:
             self.logprobs.extend(logprobs)
             if len(self.logprobs) != len(self.ids):
-                raise ValueError(f"TokenDeltas: seq {seq_id} has {len(self.logprobs) - start} log-probs for {n} tokens")
+                raise ValueError(f"TokenDeltas: seq {seq_id} has {len(self.logprobs) - at} log-probs for {n} tokens")
         self.seq_ids.append(seq_id)
         self.ends.append(len(self.ids))
+        self.starts.append(start)
 
     @classmethod
     def since_reported(cls, seqs: Iterable[Any]) -> "TokenDeltas":
@@ -162,7 +168,8 @@ class TokenDeltas:
         for s in seqs:
             n = len(s.generated)
             if n > s.reported:
-                out.add(s.req.seq_id, s.generated[s.reported:], None if s.logprobs is None else s.logprobs[s.reported:])
+                lps = None if s.logprobs is None else s.logprobs[s.reported:]
+                out.add(s.req.seq_id, s.generated[s.reported:], lps, start=s.reported)
                 s.reported = n
         return out
 

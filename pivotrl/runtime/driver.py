@@ -60,7 +60,7 @@ class DeviceDriver:
         self.wall_limit = None if self.cl.max_wall_s is None else ("cluster.max_wall_s", float(self.cl.max_wall_s))
         self.fit_every_s = float(self.cl.fit_every_s)
         self.monitor = Monitor()
-        self.ledger = SequenceLedger()
+        self.ledger = SequenceLedger(widths={Role.ROLLOUT: samples.max_response, Role.REWARD: samples.judge.max_tokens})
         self.results: queue.Queue = queue.Queue()
         self.polls: dict[int, Any] = {}
         self.poll_gen: dict[int, int] = {}
