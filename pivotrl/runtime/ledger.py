@@ -56,7 +56,10 @@ class Tokens:
         from pivotrl.engines.protocol import logprobs_of
 
         lp = logprobs_of(tokens) if isinstance(logprobs, str) else logprobs
-        return cls(tuple(map(int, tokens)), None if lp is None else tuple(map(float, lp)))
+        # an engine's lists hold Python ints and floats already: copied as they are (a
+        # 20K-token completion in 0.1 ms instead of 1.5 ms); anything else is converted
+        ids = tuple(tokens) if isinstance(tokens, list) else tuple(map(int, tokens))
+        return cls(ids, None if lp is None else tuple(lp) if isinstance(lp, list) else tuple(map(float, lp)))
 
     def join(self, delta: "Tokens") -> "Tokens":
         """`self + delta`; log-probs known only if both parts' are (empty `self` is known)."""
