@@ -136,7 +136,7 @@ class Replica:
     """One device actor's body hosting a scripted engine, and the driver's view of it."""
 
     def __init__(self, device: int, role: Role, seqs: int, ids: Iterator[int], model_dir: str) -> None:
-        from pivotrl.config.engine import EngineConfig
+        from pivotrl.config.engine import EngineConfig, EngineSpec
         from pivotrl.runtime import roles
         from pivotrl.runtime.device import DeviceWorker
 
@@ -144,7 +144,7 @@ class Replica:
         self.engine = ScriptedEngine(kv_capacity_tokens=seqs * 40_000)
         self.worker = DeviceWorker(device, threads=1)
         spec = roles.RoleSpec(role, "policy" if role == Role.ROLLOUT else "genrm", model_dir,
-                              engine=EngineConfig(name="cpu"))
+                              engine=EngineSpec.for_role(EngineConfig(name="cpu"), role.value))
         with mock.patch.object(roles, "build_engine", lambda spec: self.engine):
             self.worker.shift_up(spec)  # the real shift up, with this engine in place of a model's
         self.ids: list[int] = []

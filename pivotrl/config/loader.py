@@ -60,6 +60,23 @@ RENAMED: dict[str, str] = {
     "deploy.planner.strategy": "deploy/planner",
     "deploy.planner.rule_up_kv": "deploy.planner.up_kv",
     "deploy.planner.rule_down_kv": "deploy.planner.down_kv",
+    # settings the run derives (pivotrl/config/resolve.py builds the trainer's and engines' specs)
+    "algo.staleness": "deploy.staleness",
+    "algo.seed": "seed",
+    "algo.device": "cluster.accelerator",
+    "algo.num_threads": "cluster.threads_per_device",
+    "algo.world_size": "(derived: the size of the training home set, deploy.allocation.train)",
+    "algo.backend": "(derived from cluster.accelerator: gloo on cpu, nccl on cuda)",
+    "algo.logprob_temperature": "(derived: algo.rollout_temperature, 1 for greedy)",
+    "engine.vllm_tensor_parallel_size": "(derived per replica: models.policy.tp, models.genrm.tp)",
+    "engine.vllm_sleep_level": "(derived per role: rollout 2, reward 1)",
+}
+
+
+#: group choices that no longer exist -> what to use instead (README "Renamed keys").
+REMOVED_CHOICES: dict[str, str] = {
+    "cluster=inproc": "local, ray or sim (cluster=inproc, the synchronous loop in one process, was removed: "
+                      "cluster=local runs rollout, GenRM and training through the one runtime loop)",
 }
 
 
@@ -78,6 +95,9 @@ def check_overrides(overrides: list[str]) -> None:
     for ov in overrides:
         if "=" not in ov or ov.startswith("hydra"):
             continue
+        if ov.lstrip("+~") in REMOVED_CHOICES:
+            key, value = ov.lstrip("+~").split("=", 1)
+            raise ConfigError(key, REMOVED_CHOICES[ov.lstrip("+~")], value)
         key = ov.split("=", 1)[0].lstrip("+~")
         new = renamed(key)
         if new is not None:

@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from pivotrl.config.engine import EngineConfig
 from pivotrl.engines.hf_model import eos_ids_of, load_hf_tokenizer
@@ -38,6 +38,9 @@ from pivotrl.engines.vllm_stats import StatState, make_stat_logger
 from pivotrl.engines.vllm_client import VLLMClient, async_engine_args, sleep_supported
 from pivotrl.engines.protocol import (FINISH_LENGTH, FINISH_STOP, Completion, EngineStats,
                                       GenerationRequest, TokenDeltas, TokensSoFar, run_to_completion)
+
+if TYPE_CHECKING:
+    from pivotrl.gps.handles import FileManifest
 
 
 def vllm_available() -> bool:
@@ -78,10 +81,11 @@ class VLLMEngine:
     def __init__(self, model_path: str | Path, cfg: EngineConfig | None = None, version: int = 0,
                  tokenizer_path: str | Path | None = None, *,
                  client_factory: Callable[["VLLMEngine"], Any] | None = None,
-                 sleep_mode: bool | None = None) -> None:
+                 sleep_mode: bool | None = None, tensor_parallel_size: int = 1) -> None:
         """`client_factory(engine)` builds the AsyncLLM-like client on the engine's loop thread
         (default: vLLM's `AsyncLLM` from this engine's settings); `sleep_mode` None asks the
-        platform whether vLLM can sleep (CUDA, ROCm, XPU: yes; the CPU build: no)."""
+        platform whether vLLM can sleep (CUDA, ROCm, XPU: yes; the CPU build: no);
+        `tensor_parallel_size`: the devices the engine runs across (`EngineSpec`)."""
         from transformers import AutoConfig
 
         self.cfg = cfg or EngineConfig(name="vllm")
@@ -110,7 +114,8 @@ class VLLMEngine:
         self.last_wake: dict[str, float] = {}
         self.sleep_mode = sleep_supported() if sleep_mode is None else bool(sleep_mode)
         factory = client_factory or _start_async_llm
-        self._client = VLLMClient(lambda: factory(self), self.cfg.vllm_tensor_parallel_size)
+        self._requested_tp = int(tensor_parallel_size)
+        self._client = VLLMClient(lambda: factory(self), self._requested_tp)
         self._client.start(self.cfg, self.model_path)
 
     # ------------------------------------------------------------------ engine lifecycle
@@ -121,8 +126,7 @@ class VLLMEngine:
 
     def engine_args(self) -> Any:
         """vLLM's `AsyncEngineArgs` for this engine (what the default client factory starts)."""
-        return async_engine_args(self.model_path, self.cfg, self.max_model_len, self.cfg.vllm_tensor_parallel_size,
-                                 self.sleep_mode)
+        return async_engine_args(self.model_path, self.cfg, self.max_model_len, self._requested_tp, self.sleep_mode)
 
     def stat_logger_factory(self) -> type:
         """The vLLM stat logger class that turns engine batches into this engine's timing samples."""
@@ -281,7 +285,7 @@ class VLLMEngine:
             raise self._fail(EngineLoadError, "load", e) from e
         self.version = int(version)
 
-    def _load(self, weights: Any) -> None:
+    def _load(self, weights: FileManifest | Mapping[str, object]) -> None:
         """Into the workers: a GPS `FileManifest` (they map its file) or a state dict."""
         if hasattr(weights, "to_wire"):
             self._client.load_gps(weights, self.cfg.vllm_weight_bucket_mb << 20)
@@ -292,10 +296,9 @@ class VLLMEngine:
         """Sum of the worker's parameters (through the worker extension)."""
         return self._client.weight_checksum()
 
-    def release_memory(self, level: int | None = None) -> None:
+    def release_memory(self, level: int = 2) -> None:
         """Free device memory (module docstring: Memory release). `level` 1 keeps the weights in
-        host memory (frozen models), 2 discards them; None takes `EngineConfig.vllm_sleep_level`."""
-        level = self.cfg.vllm_sleep_level if level is None else level
+        host memory (frozen models), 2 discards them (the role hosts pass their `EngineSpec`'s)."""
         if level not in (1, 2):
             raise ValueError(f"release_memory: level must be 1 or 2, got {level!r}")
         with self._lock:

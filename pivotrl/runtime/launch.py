@@ -12,12 +12,18 @@ import json
 import logging
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pivotrl.core.types import Role, Slot
 from pivotrl.runtime.roles import RoleSpec
+
+if TYPE_CHECKING:
+    from pivotrl.config import PivotConfig
+    from pivotrl.config.resolve import Resolved
+    from pivotrl.runtime.cluster import Cluster
+    from pivotrl.runtime.executor import Executor
+    from pivotrl.runtime.params import ParamSource
 
 log = logging.getLogger(__name__)
 
@@ -25,15 +31,15 @@ log = logging.getLogger(__name__)
 class Launch:
     """Cluster, executor and GPS of one real run; `close()` releases all of them."""
 
-    def __init__(self, cfg: Any, resolved: Any, policy_path: Path, genrm_path: Path, run_dir: Path) -> None:
+    def __init__(self, cfg: PivotConfig, resolved: Resolved, policy_path: Path, genrm_path: Path, run_dir: Path) -> None:
         self.cfg, self.r = cfg, resolved
         self.policy_path, self.genrm_path = Path(policy_path), Path(genrm_path)
         self.run_dir = Path(run_dir)
         self.checkpoint_dir = self.run_dir / "checkpoints"
         self._pg_file = self.run_dir / f".pg_init_{os.getpid()}_{time.time_ns()}"
-        self.cluster: Any = None
-        self.executor: Any = None
-        self.params: Any = None
+        self.cluster: Cluster | None = None
+        self.executor: Executor | None = None
+        self.params: ParamSource | None = None
         self.resume_path: Path | None = None
         self.resume_version = 0
 
@@ -109,7 +115,10 @@ class Launch:
         path = self.policy_path if slot.role == Role.ROLLOUT else self.genrm_path
         # a replica of several devices: its first device runs the engine with tensor parallelism
         # across the slot; every other device of the slot is a member holding nothing
-        engine = replace(self.cfg.engine, vllm_tensor_parallel_size=slot.tp)
+        engine = self.r.engine(self.cfg, slot.role.value)
+        if engine.tensor_parallel_size != slot.tp:
+            raise ValueError(f"slot {slot.slot_id} spans {slot.tp} device(s), but {slot.role.value} replicas "
+                             f"have {engine.tensor_parallel_size}")
         return RoleSpec(slot.role, "policy" if slot.role == Role.ROLLOUT else "genrm", str(path), engine=engine,
                         leader=slot.first_device if index > 0 else None)
 

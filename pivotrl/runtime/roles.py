@@ -47,9 +47,20 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Optional, Union
 
 from pivotrl.core.types import Role
+
+if TYPE_CHECKING:
+    from pivotrl.config.engine import EngineSpec
+    from pivotrl.config.trainer import TrainerSpec
+    from pivotrl.engines.protocol import InferenceEngine
+    from pivotrl.engines.weight_sync import GPSWeights
+    from pivotrl.trainer.trainer_worker import TrainerWorker
+
+#: What a shift up loads: a GPS handle (the device reads its node's copy), a state dict, or None
+#: (the model folder's own weights; training reads nothing).
+Weights = Optional[Union["GPSWeights", Mapping[str, Any]]]
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +134,10 @@ class RoleSpec:
     """GPS model key (`policy` or `genrm`)."""
     model_path: str
     """Hugging Face folder the role is built from (weights are then replaced by a GPS read)."""
-    engine: Any = None
-    """`EngineConfig` for rollout/reward."""
-    trainer: Any = None
-    """`TrainerConfig` for training."""
+    engine: EngineSpec | None = None
+    """For rollout/reward: the replica's engine (`Resolved.engine`)."""
+    trainer: TrainerSpec | None = None
+    """For training."""
     rank: int = 0
     """Training rank of this device within the home set."""
     world_size: int = 1
@@ -145,10 +156,10 @@ class RoleSpec:
 
     def __post_init__(self) -> None:
         if self.role in (Role.ROLLOUT, Role.REWARD) and self.engine is None:
-            raise ValueError(f"RoleSpec for {self.role.value} needs an EngineConfig (RoleSpec.engine)")
+            raise ValueError(f"RoleSpec for {self.role.value} needs an EngineSpec (RoleSpec.engine)")
         if self.role == Role.TRAIN:
             if self.trainer is None:
-                raise ValueError("RoleSpec for train needs a TrainerConfig (RoleSpec.trainer)")
+                raise ValueError("RoleSpec for train needs a TrainerSpec (RoleSpec.trainer)")
             if not 0 <= self.rank < self.world_size:
                 raise ValueError(f"RoleSpec.rank={self.rank} must be in [0, world_size={self.world_size})")
             if self.world_size > 1 and not self.init_method:
@@ -173,7 +184,7 @@ class RoleHost(ABC):
         return self.spec.role
 
     @abstractmethod
-    def shift_up(self, weights: Any, version: int) -> ShiftTiming:
+    def shift_up(self, weights: Weights, version: int) -> ShiftTiming:
         """Make the role active; `weights`: what to load (`InferenceHost.shift_up`)."""
 
     @abstractmethod
@@ -184,11 +195,11 @@ class RoleHost(ABC):
         role's background work first (a trainer's checkpoint write); False when a peer died."""
 
 
-def build_engine(spec: RoleSpec) -> Any:
+def build_engine(spec: RoleSpec) -> InferenceEngine:
     """Construct the inference engine of `spec` through the engine registry (`engine.name` picks it)."""
     from pivotrl.engines.registry import create_engine
 
-    return create_engine(spec.model_path, spec.engine)
+    return create_engine(spec.model_path, spec.engine.settings, tensor_parallel_size=spec.engine.tensor_parallel_size)
 
 
 class InferenceHost(RoleHost):
@@ -205,20 +216,21 @@ class InferenceHost(RoleHost):
         if spec.role not in (Role.ROLLOUT, Role.REWARD):
             raise ValueError(f"InferenceHost hosts rollout or reward, not {spec.role.value}")
         super().__init__(spec)
-        self.engine: Any = None
+        self.engine: InferenceEngine | None = None
         self._weights_kept = False  # released at level 1: the weights come back in place
 
     @property
     def sleep_level(self) -> int:
-        """1 for the frozen GenRM (reward), 2 for the policy (rollout): see the module docstring."""
-        return 1 if self.role == Role.REWARD else 2
+        """The engine spec's: 1 for the frozen GenRM (reward), 2 for the policy (rollout), see the
+        module docstring."""
+        return self.spec.engine.sleep_level
 
     def needs_parameters(self) -> bool:
         """Whether the next shift up needs a state dict from GPS: not when the engine kept its
         (frozen) weights through a level-1 release."""
         return not (self.engine is not None and self._weights_kept)
 
-    def shift_up(self, weights: Any, version: int) -> ShiftTiming:
+    def shift_up(self, weights: Weights, version: int) -> ShiftTiming:
         """`weights`: a `weight_sync.GPSWeights` (read here, from this device's GPS node), a
         state dict, or None (the model folder's own weights)."""
         from pivotrl.engines.errors import EngineFailedError
@@ -305,7 +317,7 @@ class TrainHost(RoleHost):
         if spec.role != Role.TRAIN:
             raise ValueError(f"TrainHost hosts train, not {spec.role.value}")
         super().__init__(spec)
-        self.worker: Any = None
+        self.worker: TrainerWorker | None = None
 
     def _build(self) -> None:
         import torch.distributed as dist
@@ -322,7 +334,7 @@ class TrainHost(RoleHost):
         if self.spec.resume_from:
             self.worker.load_checkpoint(self.spec.resume_from)  # collective: every rank builds at once
 
-    def shift_up(self, weights: Any, version: int) -> ShiftTiming:
+    def shift_up(self, weights: Weights, version: int) -> ShiftTiming:
         del weights  # training is the GPS writer: it reloads its own state, reads nothing
         t0 = time.perf_counter()
         cold = self.worker is None
@@ -373,7 +385,7 @@ class MemberHost(RoleHost):
 
     CONTEXT = ContextDecl(temporary=(), parameters=(), offloadable=(), preserved=())
 
-    def shift_up(self, weights: Any, version: int) -> ShiftTiming:
+    def shift_up(self, weights: Weights, version: int) -> ShiftTiming:
         self.active = True
         return ShiftTiming(self.role.value, "up", 0.0, version=version, detail={"member_of": float(self.spec.leader)})
 

@@ -1,7 +1,7 @@
 """Replay a real run in the simulator: recorded workload, fitted constants, same control plane.
 
 Owns the glue of issue 5 item 6 ("sim against real"), built only from the simulator's public pieces
-(`SimSetup`, `SimRuntime`, `RoleCosts`, `SampleLengths`) and the run folder's records:
+(`SimSetup`, `SimDriver`, `RoleCosts`, `SampleLengths`) and the run folder's records:
 - `ReplayWorkload`: a workload (the same interface as `sim.workload.Workload`) that yields recorded
   lengths instead of drawing them: each sample's own lengths where the run recorded them
   (`sample_lengths` timeline records, which `cluster=local`/`ray` runs write for every trained
@@ -17,7 +17,7 @@ Owns the glue of issue 5 item 6 ("sim against real"), built only from the simula
   role), the weight refresh of rollout replicas (median of the measured per-device loads,
   `weight_refresh` records; every publish stalls each rollout replica that long, as the sim does),
   KV capacity per replica and the initial allocation from the run's config and records.
-- `ReplayRuntime`: `SimRuntime` with training and shift times taken from `ReplayConstants` instead
+- `ReplayRuntime`: `SimDriver` with training and shift times taken from `ReplayConstants` instead
   of the MFU and bandwidth models; everything else (controllers, schedulers, planner, decode clock)
   is the simulator's own code. Two optional machine corrections: `engine_slowdown` (wall seconds
   per modelled second of the engines; `fit_engine_slowdown` fits it on one run), and `cores`
@@ -44,15 +44,19 @@ import copy
 import dataclasses
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import INFERENCE_ROLES, Role
 from pivotrl.report.records import RunRecords
-from pivotrl.sim.runtime import SimRuntime
+from pivotrl.sim.runtime import SimDriver
 from pivotrl.sim.setup import SimSetup
 from pivotrl.sim.timemodel import RoleCosts
 from pivotrl.sim.workload import BatchedLengths, SampleLengths
+
+if TYPE_CHECKING:
+    from pivotrl.config import PivotConfig
+    from pivotrl.logging.tracker import Tracker
 
 
 class ReplayWorkload(BatchedLengths):
@@ -222,11 +226,11 @@ def constants_from_run(rec: RunRecords, kv_capacity: int, allocation: dict[Role,
 
 
 # ---------------------------------------------------------------------------------- the replay runtime
-class ReplayRuntime(SimRuntime):
-    """`SimRuntime` whose training, shift and publish times come from `ReplayConstants` (through
+class ReplayRuntime(SimDriver):
+    """`SimDriver` whose training, shift and publish times come from `ReplayConstants` (through
     the simulator's physics hooks), with the shared-cores contention model when `consts.cores`."""
 
-    def __init__(self, setup: SimSetup, consts: ReplayConstants, tracker: Any = None) -> None:
+    def __init__(self, setup: SimSetup, consts: ReplayConstants, tracker: Tracker | None = None) -> None:
         import weakref
 
         super().__init__(setup, tracker)
@@ -295,7 +299,7 @@ class ReplaySetup(SimSetup):
         return env
 
 
-def replay_setup(cfg: Any, consts: ReplayConstants, workload: ReplayWorkload, steps: int,
+def replay_setup(cfg: PivotConfig, consts: ReplayConstants, workload: ReplayWorkload, steps: int,
                  warmup: int, num_devices: int) -> SimSetup:
     """A `SimSetup` for `cfg` (a composed `cluster=sim` config of the same mode) with the fitted
     constants: role costs from the fitted models and measured shift times, the recorded workload."""
@@ -315,8 +319,8 @@ def replay_setup(cfg: Any, consts: ReplayConstants, workload: ReplayWorkload, st
     return setup
 
 
-def replay(cfg: Any, consts: ReplayConstants, workload: ReplayWorkload, steps: int, warmup: int,
-           num_devices: int, tracker: Any = None) -> dict[str, Any]:
+def replay(cfg: PivotConfig, consts: ReplayConstants, workload: ReplayWorkload, steps: int, warmup: int,
+           num_devices: int, tracker: Tracker | None = None) -> dict[str, Any]:
     """Run the replay; returns the sim's summary (its `step_time_s` is the predicted step times)
     plus `step_rows`, the sim's per-step records (phase times: rollout_done_at, reward_done_at, ...)."""
     rt = ReplayRuntime(replay_setup(cfg, consts, workload, steps, warmup, num_devices), consts, tracker)
@@ -335,7 +339,7 @@ def inference_phase_s(rows: list[dict[str, Any]], warmup: int) -> float:
     return tot
 
 
-def fit_engine_slowdown(cfg: Any, consts: ReplayConstants, workload: ReplayWorkload, rec: RunRecords,
+def fit_engine_slowdown(cfg: PivotConfig, consts: ReplayConstants, workload: ReplayWorkload, rec: RunRecords,
                         lo: float = 1.0, hi: float = 64.0, iters: int = 12) -> float:
     """The `engine_slowdown` at which the replay's inference phases (release to last judgement,
     summed over the measured steps) take as long as the run's: bisection on a log scale (the

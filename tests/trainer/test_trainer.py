@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from pivotrl.config.trainer import TrainerConfig
+from pivotrl.config.trainer import TrainerSpec
 from pivotrl.trainer.trainer import Trainer, TrainerError
 from pivotrl.trainer.train_batch import TrainBatch
 from pivotrl.trainer.trainer_checkpoint import checkpoint_dir, latest_checkpoint
@@ -24,10 +24,10 @@ torch.set_num_threads(1)
 TINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
 
 
-def _cfg(**kw) -> TrainerConfig:
+def _cfg(**kw) -> TrainerSpec:
     base = dict(lr=1e-2, micro_batch_size=4, kl_coef=0.05, staleness=0, device="cpu", num_threads=1, timeout_s=120.0)
     base.update(kw)
-    return TrainerConfig(**base)
+    return TrainerSpec(**base)
 
 
 def _batch(seed: int, n: int = 9, version: int = 0, versions: list[int] | None = None) -> TrainBatch:
@@ -416,7 +416,7 @@ def test_bfloat16_compute_keeps_float32_master_weights(model_path):
 )
 def test_config_errors_name_the_field(kw, field):
     with pytest.raises(ValueError, match=f"^{field}="):  # the loader prefixes the path (algo.)
-        TrainerConfig(**kw)
+        TrainerSpec(**kw)
 
 
 def test_bad_batches_and_folders(model_path, tmp_path):
@@ -532,8 +532,8 @@ def test_memory_config_errors_name_the_field():
     for kw, field in ((dict(micro_batch_tokens=-1), "micro_batch_tokens"),
                       (dict(logprob_chunk_tokens=-5), "logprob_chunk_tokens"),
                       (dict(publish_dtype="float16"), "publish_dtype")):
-        with pytest.raises(ValueError, match=f"^{field}="):  # relative to TrainerConfig; the loader adds `algo.`
-            TrainerConfig(**kw)
+        with pytest.raises(ValueError, match=f"^{field}="):  # relative to TrainerSpec; the loader adds `algo.`
+            TrainerSpec(**kw)
 
 
 @pytest.mark.parametrize("minis", [1, 3])
@@ -561,7 +561,6 @@ def test_decoupled_first_update_takes_its_proximal_from_its_own_forward(model_pa
     # Adam's first step at lr 1e-2 moves a parameter whose gradient is near zero by up to lr times
     # a ratio of tiny numbers: their rounding shows there (up to ~2e-5, 0.2 % of a step)
     _assert_state_close(runs[0][1], runs[1][1], atol=5e-5)
-
 
 
 def test_two_ranks_decoupled_match_one_rank(model_path):
