@@ -73,7 +73,9 @@ class DeviceDriver:
         self.wall_limit = None if self.cl.max_wall_s is None else ("cluster.max_wall_s", float(self.cl.max_wall_s))
         self.fit_every_s = float(self.cl.fit_every_s)
         self.monitor = Monitor()
-        self.ledger = SequenceLedger(widths={Role.ROLLOUT: samples.max_response, Role.REWARD: samples.judge.max_tokens})
+        # token rows as wide as each role's longest sequence (`ledger.py`: never widened mid-run)
+        self.ledger = SequenceLedger(widths={Role.ROLLOUT: samples.max_response,
+                                             Role.REWARD: samples.judge.max_tokens})
         self.results: queue.Queue[ShiftResult | TrainingResult | ThreadFailed] = queue.Queue()
         self.polls: dict[int, Any] = {}
         self.poll_gen: dict[int, int] = {}
