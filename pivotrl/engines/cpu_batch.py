@@ -43,6 +43,7 @@ class CPUSeq:
     gen: torch.Generator | None
     reprefill: int = 0
     logprobs: list[float] | None = None  # behaviour log-prob per generated token; None = unknown
+    reported: int = 0  # tokens of `generated` already reported by `new_tokens` (or given at submit)
 
     def so_far(self) -> TokensSoFar:
         return TokensSoFar(self.generated, self.logprobs)

@@ -37,7 +37,7 @@ from pivotrl.engines.errors import EngineFailedError, EngineLoadError, EngineWak
 from pivotrl.engines.vllm_stats import StatState, make_stat_logger
 from pivotrl.engines.vllm_client import VLLMClient, async_engine_args, sleep_supported
 from pivotrl.engines.protocol import (FINISH_LENGTH, FINISH_STOP, Completion, EngineStats,
-                                      GenerationRequest, TokensSoFar, run_to_completion)
+                                      GenerationRequest, TokenDeltas, TokensSoFar, run_to_completion)
 
 if TYPE_CHECKING:
     from pivotrl.gps.handles import FileManifest
@@ -67,6 +67,7 @@ class _Live:
     task: object = None
     done: bool = False
     logprobs: list[float] | None = None  # behaviour log-prob per generated token; None = unknown
+    reported: int = 0  # tokens of `generated` already reported by `new_tokens` (or given at submit)
 
     def so_far(self) -> TokensSoFar:
         return TokensSoFar(self.generated, self.logprobs)
@@ -142,7 +143,7 @@ class VLLMEngine:
                 raise ValueError(f"seq {request.seq_id}: prompt of {len(request.prompt_ids)} tokens does not fit "
                                  f"max_model_len={self.max_model_len}")
             live = _Live(request, list(request.generated), self.version, next(self._segments),
-                         reprefill=total if request.resumed else 0,
+                         reprefill=total if request.resumed else 0, reported=len(request.generated),
                          logprobs=None if request.generated_logprobs is None else list(request.generated_logprobs))
             stops = set() if request.params.ignore_eos else set(request.params.stop_token_ids) | self.eos_ids
             if live.generated and live.generated[-1] in stops:
@@ -245,6 +246,11 @@ class VLLMEngine:
         with self._lock:
             want = None if seq_ids is None else set(seq_ids)
             return {i: l.so_far() for i, l in self._live.items() if want is None or i in want}
+
+    def new_tokens(self) -> TokenDeltas:
+        """Each live sequence's tokens since the last call (the streaming tasks append them)."""
+        with self._lock:
+            return TokenDeltas.since_reported(self._live.values())
 
     def abort(self, seq_ids: Iterable[int] | None = None) -> dict[int, list[int]]:
         want = None if seq_ids is None else set(seq_ids)

@@ -18,11 +18,13 @@ Files (bottom-up):
   of dead actors (each death recorded once), crash-loop flags, the trainer rebuilt from a
   checkpoint when a rank's state died; measured shift times for the controller. `outcomes.py`:
   what it found out (move and shift results, deaths, training errors: plain data).
+  `submits.py`: its submits, coalesced per device and not waited for (aborts and shifts wait).
 - `monitor.py`: per-role workload state and the online throughput-model fit (core's fit).
 - `assets.py`: which checkpoints and data a run loads; `evaluation.py`: prompt encoding and
   held-out accuracy of an engine; `validation.py`: that accuracy on a rollout replica of the
   cluster (`RemoteEngine`, `rollout_replica`); `samples.py`: requests, judge prompts, rewards, train batches;
-  `ledger.py`: the truth about every sequence (tokens with behaviour log-probs).
+  `ledger.py`: the truth about every sequence (tokens with behaviour log-probs, appended from
+  each poll's deltas).
 - `launch.py`: the devices of a real run (cluster, executor, GPS, resume checkpoint).
 - `faults.py`: named fault points of the device loop (test hooks for deterministic kill tests).
 - `training.py`: one training step on the home devices (batch, step, publish into GPS, a

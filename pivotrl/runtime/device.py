@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
 from pivotrl.core.types import Role
+from pivotrl.engines.protocol import TokenDeltas
 from pivotrl.runtime.roles import (EnginePlacement, InferenceHost, RoleHost, RoleSpec, ShiftTiming, TrainHost,
                                    Weights, make_host)
 
@@ -62,9 +63,9 @@ class DevicePoll:
     device: int
     completions: list[Completion] = field(default_factory=list)
     """`protocol.Completion`s, each reported once."""
-    progress: dict[int, list[int]] = field(default_factory=dict)
-    """New tokens per live sequence since the previous poll (append to the driver's copy), each a
-    `protocol.TokensSoFar` carrying those tokens' behaviour log-probs (None when unknown)."""
+    progress: TokenDeltas = field(default_factory=TokenDeltas)
+    """New tokens (with their behaviour log-probs) per live sequence since the previous poll, for
+    the driver to append to its copy (empty when no engine is active)."""
     stats: EngineStats | None = None
     """`protocol.EngineStats` (samples drained) of the active engine, or None."""
     role: str | None = None
@@ -103,10 +104,9 @@ class DeviceWorker:
             self.cores = sorted(os.sched_getaffinity(0))
         self.hosts: dict[Role, RoleHost] = {}
         self.active: RoleHost | None = None
-        self._cv = threading.Condition()  # guards outbox, reported lengths, active, error
+        self._cv = threading.Condition()  # guards outbox, active, error
         self._step_lock = threading.Lock()  # held by one engine step, an abort, or a shift
         self._outbox: list[Completion] = []
-        self._reported: dict[int, int] = {}
         self._error: str | None = None
         self._stop = False
         self._loop = threading.Thread(target=self._run, name=f"device{device}-loop", daemon=True)
@@ -152,7 +152,6 @@ class DeviceWorker:
                 timing = host.shift_up(weights, version)
             with self._cv:
                 self.active = host
-                self._reported.clear()
                 self._cv.notify_all()
             return timing
 
@@ -165,7 +164,6 @@ class DeviceWorker:
             timing = host.shift_down()
             with self._cv:
                 self.active = None
-                self._reported.clear()
                 self._cv.notify_all()
             return timing
 
@@ -183,7 +181,6 @@ class DeviceWorker:
                     host.shift_down()
                 with self._cv:
                     self.active = None
-                    self._reported.clear()
                     self._cv.notify_all()
             host.close(wait=False)  # its peers are gone: an unfinished checkpoint write is abandoned
             return True
@@ -201,8 +198,6 @@ class DeviceWorker:
         for r in requests:
             eng.submit(r)
         with self._cv:
-            for r in requests:
-                self._reported[r.seq_id] = len(r.generated)
             self._cv.notify_all()
         return len(requests)
 
@@ -216,10 +211,6 @@ class DeviceWorker:
                 want = None if seq_ids is None else set(seq_ids)
                 done = [c for c in self._outbox if want is None or c.seq_id in want]
                 self._outbox = [c for c in self._outbox if not (want is None or c.seq_id in want)]
-                for sid in aborted:
-                    self._reported.pop(sid, None)
-                for c in done:
-                    self._reported.pop(c.seq_id, None)
             return AbortResult(aborted=aborted, finished=done)
 
     def load_weights(self, weights: Any, version: int) -> dict[str, Any] | None:
@@ -243,7 +234,9 @@ class DeviceWorker:
             return {"seconds": time.perf_counter() - t0, "version": v, **facts}
 
     def poll(self, timeout: float = 0.5) -> DevicePoll:
-        """Wait up to `timeout` s for a completion; return completions, token deltas and stats."""
+        """Wait up to `timeout` s for a completion; return completions, token deltas and stats.
+        The deltas are the engine's own (`new_tokens`): the cost is the new tokens', not the
+        live sequences' lengths."""
         deadline = time.monotonic() + timeout
         with self._cv:
             while not self._outbox and self._error is None and time.monotonic() < deadline:
@@ -254,19 +247,8 @@ class DeviceWorker:
         res = DevicePoll(device=self.device, completions=out, error=error,
                          role=None if host is None else host.role.value)
         if isinstance(host, InferenceHost) and host.engine is not None and host.active:
-            from pivotrl.engines.protocol import TokensSoFar, logprobs_of
-
-            snap = host.engine.snapshot()
+            res.progress = host.engine.new_tokens()
             res.stats = host.engine.stats(drain=True)
-            with self._cv:
-                for sid, toks in snap.items():
-                    seen = self._reported.get(sid, 0)
-                    if len(toks) > seen:
-                        lps = logprobs_of(toks)  # the delta keeps its log-probs (a resume needs them)
-                        res.progress[sid] = TokensSoFar(toks[seen:], None if lps is None else lps[seen:])
-                        self._reported[sid] = len(toks)
-                for c in out:
-                    self._reported.pop(c.seq_id, None)
         return res
 
     def _run(self) -> None:

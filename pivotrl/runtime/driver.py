@@ -11,6 +11,9 @@ Decisions:
   come back through a queue and become events in `wait`: the controller sees one event at a time.
 - A completion is accepted only from the device the ledger placed that sequence on; one that
   raced an abort is delivered once, after the current actions.
+- Submits are not waited for: the assigns of one batch of events go out together, one call per
+  device, when `wait` next turns to the devices (`submits.Submits`: aborts and shifts wait for
+  them first; deaths and errors surface at the next `wait`).
 - Deaths: whichever call finds a device dead respawns it (`Executor.respawn`, one `Death` each);
   the driver takes each death once (`Executor.take_deaths`, the run's one count): a dead
   inference device re-hosts its replica (cold) unless a shift holds it, and its sequences go back
@@ -70,7 +73,9 @@ class DeviceDriver:
         self.wall_limit = None if self.cl.max_wall_s is None else ("cluster.max_wall_s", float(self.cl.max_wall_s))
         self.fit_every_s = float(self.cl.fit_every_s)
         self.monitor = Monitor()
-        self.ledger = SequenceLedger()
+        # token rows as wide as each role's longest sequence (`ledger.py`: never widened mid-run)
+        self.ledger = SequenceLedger(widths={Role.ROLLOUT: samples.max_response,
+                                             Role.REWARD: samples.judge.max_tokens})
         self.results: queue.Queue[ShiftResult | TrainingResult | ThreadFailed] = queue.Queue()
         self.polls: dict[int, Any] = {}
         self.poll_gen: dict[int, int] = {}
@@ -101,6 +106,10 @@ class DeviceDriver:
         t = self.now
         self.stats.hold(self.ex.role_of.values(), t - self._last)
         self._last = t
+        t0 = time.perf_counter()
+        self.ex.submits.flush()  # the last batch's submits, one call per device
+        self.ex.submits.check()
+        self.stats.dispatch_s += time.perf_counter() - t0
         for d in self.ex.serving():
             if d not in self.polls:
                 actor, self.poll_gen[d] = self.ex.handle(d)
@@ -133,6 +142,7 @@ class DeviceDriver:
     def idle(self) -> bool:
         self.threads = [t for t in self.threads if t.is_alive()]
         return (not self.polls and not self.threads and self.results.empty() and not self.ledger.running()
+                and not self.ex.submits.pending()
                 and not self.deferred and not self.to_retire and not any(r in INFERENCE_ROLES for r in self.ex.role_of.values()))
 
     def _on_poll(self, d: int, ref: ray.ObjectRef) -> Iterator[Event]:
@@ -149,8 +159,7 @@ class DeviceDriver:
         role = self.ex.role_of.get(d)
         if role not in INFERENCE_ROLES or res.role != role.value or self.poll_gen.get(d) != self.ex.handle(d)[1]:
             return  # a poll that straddled a shift or a respawn: nothing of this role is left on it
-        new = sum(self.ledger.progress(role, sid, Tokens.of(toks), d) for sid, toks in res.progress.items())
-        self.monitor.ingest(role, d, res.stats, new)
+        new = take_poll(self.ledger, self.monitor, role, d, res)
         for c in res.completions:
             yield from self._complete(role, d, c)
         if new or res.completions:
@@ -195,7 +204,7 @@ class DeviceDriver:
         self.record_event("device_death", device=d, role=getattr(role, "value", None), why=death.why,
                           sequences=lost, generation=death.generation, held_train_state=death.held_train,
                           crash_loop=death.crash_loop,
-                          tokens_kept={sid: len(self.ledger.tokens[role].get(sid, ())) for sid in lost})
+                          tokens_kept={sid: self.ledger.length(role, sid) for sid in lost})
         self.counts["device_deaths"] += 1
         # role TRAIN here: found dead while shifting training down; its state is rebuilt from the
         # checkpoint on the next training shift up (a death during a step raises in `_train`)
@@ -268,9 +277,10 @@ class DeviceDriver:
             self.deferred.append((role, d, c))
 
     def _request(self, role: Role, sid: int) -> GenerationRequest:
-        return self.s.request(role, sid, self.ledger.tokens[role].get(sid, Tokens()), self.ledger.judge_ids.get(sid))
+        return self.s.request(role, sid, self.ledger.so_far(role, sid), self.ledger.judge_ids.get(sid))
 
     def start_shift(self, act: StartShift) -> None:
+        self.ex.submits.settle(d for s in act.plan.down for d in s.devices)  # none may land mid-shift
         self.counts["shifts"] += len(act.plan.up) + len(act.plan.down)
         self._spawn(self.ex.run_shift, act.plan)
 
@@ -310,7 +320,7 @@ class DeviceDriver:
         led, s = self.ledger, self.s
         ids = [x for x in self.training.trained_ids if s.batch_of(x) == act.batch]
         self.record_event("sample_lengths", batch=int(act.batch), samples=[
-            [int(sid), s.prompt_len(sid), len(led.responses.get(sid, ())), len(led.tokens[Role.REWARD].get(sid, ()))]
+            [int(sid), s.prompt_len(sid), len(led.responses.get(sid, ())), led.length(Role.REWARD, sid)]
             for sid in sorted(ids)])
         rewards = [led.rewards[x] for x in ids if x in led.rewards]
         fields = self.stats.step_fields(
@@ -329,3 +339,13 @@ class DeviceDriver:
             shift_log=ex.shift_log, tau_shift=self.ctrl.tau_shift, trained_ids=self.training.trained_ids,
             policy_version=self.ctrl.pipe.version, deaths=ex.deaths, lost_devices=sorted(ex.retired),
             recoveries=ex.recoveries, wall_s=self.now)), "genrm_parse": self.s.parse_watch.summary()}
+
+
+def take_poll(ledger: SequenceLedger, monitor: Monitor, role: Role, device: int, res: DevicePoll) -> int:
+    """The bookkeeping of one poll of `device` serving `role`: its new tokens appended to the
+    ledger, its load and timing samples to the monitor; returns the new tokens counted. Its
+    completions are the caller's (`DeviceDriver._complete`). What `python -m pivotrl.bench
+    bookkeeping` measures at paper scale."""
+    new = ledger.fold(role, device, res.progress)
+    monitor.ingest(role, device, res.stats, new)
+    return new

@@ -3,7 +3,8 @@
 Owns (parameters for shift up come from `params.ParamSource`, the GPS):
 - `Executor.execute_moves(role, moves)`: a scheduler's `Move`s, in order: `abort` = the engine's
   abort, which returns each sequence's tokens (kept by the runtime, so it resumes from them);
-  `assign` = submit a fresh request, or a resume carrying the tokens generated so far.
+  `assign` = submit a fresh request, or a resume carrying the tokens generated so far (buffered,
+  coalesced per device and not waited for: `submits.Submits`).
 - `Executor.run_shift(plan)`: shift down every replica in `plan.down` (or the training unit), then
   shift up every slot in `plan.up`, each half run on all its devices at once and timed. The
   measured durations go to the controller (`ShiftDone.measured`), which folds them into the
@@ -47,6 +48,7 @@ from pivotrl.runtime.faults import point
 from pivotrl.runtime.outcomes import (Death, MoveResult, ShiftResult, TrainingRankDied, TrainingStateLost,
                                       measured_shift_seconds)
 from pivotrl.runtime.roles import EnginePlacement, RoleSpec, ShiftTiming
+from pivotrl.runtime.submits import Submits
 
 if TYPE_CHECKING:
     from pivotrl.runtime.cluster import Cluster
@@ -100,6 +102,7 @@ class Executor:
         self.train_state_lost = False
         self.recoveries: list[dict[str, Any]] = []
         self._lock = threading.Lock()
+        self.submits = Submits(self, _dead)
 
     # ------------------------------------------------------------------ devices
     def wait_ready(self) -> list[dict[str, Any]]:
@@ -219,7 +222,8 @@ class Executor:
 
     # ------------------------------------------------------------------ moves
     def execute_moves(self, role: Role, moves: list[Move], request_for: Callable[[Role, int], Any]) -> MoveResult:
-        """Aborts (batched per replica, in parallel), then assigns (batched per replica)."""
+        """Aborts (batched per replica, in parallel, waited for), then assigns: buffered per
+        replica and sent by the next `submits.flush` without waiting (`submits.py`)."""
         import ray
 
         res = MoveResult()
@@ -231,7 +235,9 @@ class Executor:
         h = self.handles(set(aborts) | set(assigns))
         # a respawned device not re-hosted yet (or retired) holds nothing to abort and must take
         # no submit: its sequences are re-queued by the runtime when it takes that death
-        refs = {d: h[d][0].abort.remote(ids) for d, ids in aborts.items() if self.reachable(d)}
+        reach = [d for d in aborts if self.reachable(d)]
+        self.submits.settle(reach)  # an abort must not overtake a submit (`submits.py`: Order)
+        refs = {d: h[d][0].abort.remote(aborts[d]) for d in reach}
         for d, ref in refs.items():
             try:
                 out = ray.get(ref)
@@ -244,20 +250,10 @@ class Executor:
             res.aborted.update(out.aborted)
             res.finished.extend((d, c) for c in out.finished)
         done = {c.seq_id for _, c in res.finished}
-        subs = {}
         for d, ids in assigns.items():
             reqs = [request_for(role, sid) for sid in ids if sid not in done]
             if reqs and d not in res.dead and self.reachable(d):
-                point("submit", d, h[d][0])
-                subs[d] = h[d][0].submit.remote(reqs)
-        for d, ref in subs.items():
-            try:
-                ray.get(ref)
-            except Exception as e:
-                if not _dead(e):
-                    raise
-                self.respawn(d, f"submit: {type(e).__name__}", h[d][1])
-                res.dead.add(d)
+                self.submits.add(d, h[d][1], reqs)  # sent at the next flush, not waited for
         return res
 
     # ------------------------------------------------------------------ shifts

@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import INFERENCE_ROLES, Role
 
@@ -149,11 +151,11 @@ def fit_delivered(iters: list[tuple[int, int, float]], prefills: list[tuple[floa
     decode samples, and separately over the prefill samples, equals the measured total (the
     module docstring says why). Raises ValueError when core's fit does."""
     model = ThroughputModel.fit(iters, prefills)
-    pred = sum(model.iter_time(n, k) for n, k, _ in iters)
-    meas = sum(t for _, _, t in iters)
+    it = np.asarray(iters, dtype=np.float64).reshape(-1, 3)
+    pred, meas = float(np.sum(model.iter_time_v(it[:, 0], it[:, 1]))), float(np.sum(it[:, 2]))
     dec = meas / pred if pred > 0 and meas > 0 else 1.0
-    ppred = sum(model.prefill_time(L) for L, _ in prefills)
-    pmeas = sum(t for _, t in prefills)
+    pf = np.asarray(prefills, dtype=np.float64).reshape(-1, 2)
+    ppred, pmeas = float(np.sum(model.prefill_time_v(pf[:, 0]))), float(np.sum(pf[:, 1]))
     pre = pmeas / ppred if ppred > 0 and pmeas > 0 else 1.0
     return dataclasses.replace(model, A=model.A * dec, B=model.B * dec, C=model.C * dec, D=model.D * dec,
                                P0=model.P0 * pre, P1=model.P1 * pre, P2=model.P2 * pre)

@@ -25,7 +25,8 @@ class MoveResult:
     finished: list[tuple[int, Completion]] = field(default_factory=list)
     """(device, Completion) of sequences that finished before their abort reached the engine."""
     dead: set[int] = field(default_factory=set)
-    """Devices found dead (already respawned, holding no role)."""
+    """Devices an abort found dead (already respawned, holding no role); a submit's death is
+    found later (`submits.Submits.check`)."""
 
 
 @dataclass

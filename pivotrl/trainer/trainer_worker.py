@@ -166,31 +166,43 @@ class TrainerWorker:
         minis = self._mini_batches(fresh)
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr_at(self.version)
-        is_weights: list[np.ndarray] | None = None
+        is_weights: list[np.ndarray | None] | None = None
+        own = np.asarray([], dtype=np.int64)  # samples whose update's forward gives their proximal log-probs
         if cfg.off_policy == "decoupled" and batch.old_log_probs is not None:
             # Decoupled PPO: clip against the policy at the start of this step (proximal), and
-            # correct for the behaviour policy with a truncated importance weight per token.
-            prox = self._all_log_probs(batch)
-            is_weights = [np.minimum(np.exp(np.asarray(p, dtype=np.float64) - np.asarray(b, dtype=np.float64)),
-                                     cfg.behaviour_is_cap) for p, b in zip(prox, batch.old_log_probs)]
-            w = np.concatenate([is_weights[i] for i in fresh])  # n_tok > 0 was checked above
-            metrics["behaviour_is_mean"] = float(w.mean())
-            metrics["behaviour_is_truncated"] = float((w >= cfg.behaviour_is_cap).mean())
-            batch = batch.with_old_log_probs(prox)
+            # correct for the behaviour policy with a truncated importance weight per token. With
+            # one epoch, the first mini-batch's update runs at that very policy: its forward's own
+            # log-probs (detached) are its proximal ones (`_update(own_proximal=True)`), so only the
+            # later mini-batches are recomputed here (the recompute was ~30 % of a training step).
+            own = self._own_proximal(minis)
+            prox = self._all_log_probs(batch, skip=own)
+            f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
+            is_weights = [None if p is None else np.minimum(np.exp(f64(p) - f64(b)), cfg.behaviour_is_cap)
+                          for p, b in zip(prox, batch.old_log_probs)]
+            # the own samples keep their behaviour log-probs: `_update` takes their proximal from its forward
+            batch = batch.with_old_log_probs([b if p is None else p for p, b in zip(prox, batch.old_log_probs)])
         elif batch.old_log_probs is None and len(minis) * cfg.ppo_epochs > 1:
             # Several updates per batch: the ratio's denominator must be the policy before the
             # first of them, not the one each update starts from.
             batch = batch.with_old_log_probs(self._all_log_probs(batch))
-        # loss, pg_loss, kl, then token-weighted clipfrac, approx_kl, ratio and entropy sums
-        totals = torch.zeros(7, dtype=torch.float64)
+        # loss, pg_loss, kl, then token-weighted clipfrac, approx_kl, ratio and entropy sums, then
+        # the own-proximal samples' importance weight sum and truncated-token count
+        totals = torch.zeros(9, dtype=torch.float64)
         grad_norms: list[float] = []
         n_micro = 0
         for _ in range(cfg.ppo_epochs):
-            for mini in minis:
-                reduced, grad_norm, k = self._update(batch, mini, adv, lengths, is_weights)
+            for j, mini in enumerate(minis):
+                reduced, grad_norm, k = self._update(batch, mini, adv, lengths, is_weights,
+                                                     own_proximal=j == 0 and len(own) > 0)
                 totals += reduced
                 grad_norms.append(grad_norm)
                 n_micro += k
+        if is_weights is not None:
+            w = [is_weights[i] for i in fresh if is_weights[i] is not None]
+            w_sum = float(sum(x.sum() for x in w)) + float(totals[7])
+            n_cap = float(sum((x >= cfg.behaviour_is_cap).sum() for x in w)) + float(totals[8])
+            metrics["behaviour_is_mean"] = w_sum / n_tok  # n_tok > 0 was checked above
+            metrics["behaviour_is_truncated"] = n_cap / n_tok
         n_updates = sum(math.isfinite(g) for g in grad_norms)
         stepped = n_updates > 0
         if stepped:
@@ -241,10 +253,19 @@ class TrainerWorker:
         order = np.random.default_rng((self.cfg.seed, self.version)).permutation(fresh)
         return [np.sort(part) for part in np.array_split(order, k)]
 
-    def _all_log_probs(self, batch: TrainBatch) -> list[list[float]]:
-        """Per-token log-probs of every response under the current policy, on every rank."""
+    def _own_proximal(self, minis: list[np.ndarray]) -> np.ndarray:
+        """The samples whose proximal log-probs (decoupled PPO) their update's own forward gives:
+        the first mini-batch's, when there is one epoch (a second epoch trains them again at a
+        later policy, so they would need the values kept; recomputed then)."""
+        return minis[0] if self.cfg.ppo_epochs == 1 else np.asarray([], dtype=np.int64)
+
+    def _all_log_probs(self, batch: TrainBatch, skip: np.ndarray | None = None) -> list[list[float] | None]:
+        """Per-token log-probs of every response under the current policy, on every rank (None
+        for the samples in `skip`, the same on every rank)."""
+        idx_all = np.arange(len(batch)) if skip is None else np.setdiff1d(np.arange(len(batch)), skip)
+        if not len(idx_all):
+            return [None] * len(batch)
         with torch.no_grad():
-            idx_all = np.arange(len(batch))
             out: dict[int, list[float]] = {}
             lengths = np.asarray([len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)])
             for mb in self._micro_batches(idx_all, lengths):
@@ -257,20 +278,24 @@ class TrainerWorker:
             gathered: list[Any] = [None] * self.world_size
             dist.all_gather_object(gathered, out)
         merged = {k: v for part in gathered for k, v in part.items()}
-        return [merged[i] for i in range(len(batch))]
+        return [merged.get(i) for i in range(len(batch))]
 
     def _update(self, batch: TrainBatch, mini: np.ndarray, adv: np.ndarray, lengths: np.ndarray,
-                is_weights: list[np.ndarray] | None = None) -> tuple[torch.Tensor, float, int]:
+                is_weights: list[np.ndarray | None] | None = None, own_proximal: bool = False
+                ) -> tuple[torch.Tensor, float, int]:
         """One optimizer step on the samples `mini` (gradient accumulated over micro-batches);
         returns the all-reduced metric sums, the global grad norm (inf/nan: step skipped) and
-        the number of micro-batches. `is_weights` (decoupled PPO) scale each token's advantage."""
+        the number of micro-batches. `is_weights` (decoupled PPO) scale each token's advantage.
+        `own_proximal` (decoupled PPO, the step's first update): `batch.old_log_probs` of `mini`
+        are the behaviour's; the proximal log-probs are this forward's own, detached, and the
+        importance weights come from them (their sum and truncated count: the last two sums)."""
         cfg = self.cfg
         n_tok = sum(len(batch.response_ids[i]) for i in mini)
         n_seq = sum(1 for i in mini if len(batch.response_ids[i]) > 0)
         denom = float(n_tok if cfg.loss_agg_mode == "token-mean" else n_seq)
         micro = self._micro_batches(mini, lengths)
         self.optimizer.zero_grad(set_to_none=True)  # a step that raised half-way left gradients
-        sums = torch.zeros(7, dtype=torch.float64)
+        sums = torch.zeros(9, dtype=torch.float64)
         for k, mb in enumerate(micro):
             weight = 1.0
             if len(mb) == 0 or denom == 0:  # keep collectives aligned: run a real sample with zero weight
@@ -279,17 +304,20 @@ class TrainerWorker:
             self.model.set_requires_gradient_sync(k == len(micro) - 1)
             logp, mask, ent = self._token_log_probs(self.model, batch, idx, entropy=True)
             mask = mask * weight
-            old = (
-                logp.detach()
-                if batch.old_log_probs is None
-                else padded_rows([batch.old_log_probs[i] for i in idx], logp.shape[1], self.device)
-            )
+            rows = None if batch.old_log_probs is None else padded_rows(
+                [batch.old_log_probs[i] for i in idx], logp.shape[1], self.device)
+            old = logp.detach() if rows is None or own_proximal else rows
             ref = None
             if self.ref_model is not None:
                 with torch.no_grad():
                     ref, _, _ = self._token_log_probs(self.ref_model, batch, idx)
             adv_t = torch.as_tensor(adv[idx], device=self.device)
-            if is_weights is not None:
+            w_own = torch.zeros(2, dtype=torch.float64)
+            if own_proximal:  # rows: the behaviour's log-probs
+                w = torch.clamp(torch.exp(old - rows), max=cfg.behaviour_is_cap)
+                adv_t = adv_t[:, None] * w
+                w_own = torch.stack([(w * mask).sum(), ((w >= cfg.behaviour_is_cap) * mask).sum()]).double()
+            elif is_weights is not None:
                 adv_t = adv_t[:, None] * padded_rows([is_weights[i].tolist() for i in idx], logp.shape[1], self.device)
             loss, m = policy_loss(
                 cfg.loss, logp, old, adv_t, mask,
@@ -304,7 +332,7 @@ class TrainerWorker:
             sums += torch.tensor([
                 float(loss.detach()), float(m["pg_loss"]), float(m.get("kl", 0.0)),
                 float(m["clipfrac"]) * ntok, float(m["approx_kl"]) * ntok, float(m["ratio_mean"]) * ntok,
-                float((ent * weight).sum()),
+                float((ent * weight).sum()), float(w_own[0]), float(w_own[1]),
             ], dtype=torch.float64)
         reduced = sums.to(self.device)
         dist.all_reduce(reduced)

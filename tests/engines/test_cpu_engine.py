@@ -436,3 +436,32 @@ def test_tokens_so_far_pickles_with_logprobs():
     assert t == [3, 4] and t.logprobs == [-0.5, -1.25]
     with pytest.raises(ValueError, match="log-probs"):
         TokensSoFar([1, 2], [0.0])
+
+
+def test_new_tokens_report_each_token_once(engine, prompts):
+    """The progress reporting the runtime polls (`new_tokens`): deltas since the last report."""
+    from .conftest import check_new_tokens
+
+    check_new_tokens(engine, prompts, base=0, step_timeout=None)
+
+
+def test_shift_down_frees_cache_and_model_without_a_collection(engine, prompts):
+    """`release_memory` runs no `gc.collect()` (0.19 CPU-s per shift down): the KV cache and,
+    at level 2, the model hold no reference cycles, so they are gone once released."""
+    import gc
+    import weakref
+
+    sp = SamplingParams(temperature=1.0, max_tokens=50, ignore_eos=True)
+    for i, p in enumerate(prompts[:3]):
+        engine.submit(GenerationRequest(i, p, sp))
+    engine.step()
+    engine.step()
+    gc.collect()
+    gc.disable()
+    try:
+        cache, model = weakref.ref(engine._batch.cache), weakref.ref(engine.model)
+        engine.abort()
+        engine.release_memory(2)
+        assert cache() is None and model() is None
+    finally:
+        gc.enable()

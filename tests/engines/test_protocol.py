@@ -90,8 +90,8 @@ def test_registry_contract():
             cls = engine_class(name)
         except ImportError:  # pragma: no cover - the class module imports lazily; vllm is optional
             continue
-        for method in ("submit", "step", "has_unfinished", "snapshot", "abort", "generate", "load_weights",
-                       "stats", "release_memory", "reacquire_memory", "shutdown"):
+        for method in ("submit", "step", "has_unfinished", "snapshot", "new_tokens", "abort", "generate",
+                       "load_weights", "stats", "release_memory", "reacquire_memory", "shutdown"):
             assert callable(getattr(cls, method)), (name, method)
 
 
@@ -122,3 +122,23 @@ def test_bad_model_folders_name_the_folder(tmp_path, tiny_dir):
     bad_tok.mkdir()
     with pytest.raises(ValueError, match=r"tokenizer folder '.*bad_tok'"):
         create_engine(tiny_dir, "cpu", tokenizer_path=bad_tok)
+
+
+def test_token_deltas_are_flat_and_pickle_with_unknown_logprobs():
+    import pickle
+
+    from pivotrl.engines.protocol import TokenDeltas
+
+    d = TokenDeltas()
+    d.add(4, [1, 2], [-0.5, -0.25])
+    d.add(9, [3], None)
+    d.add(5, [], [])
+    back = pickle.loads(pickle.dumps(d))
+    assert (len(back), back.tokens) == (3, 3) and list(back.ends) == [2, 3, 3]
+    got = dict(back.items())
+    assert got[4] == [1, 2] and got[4].logprobs == [-0.5, -0.25]
+    assert got[9] == [3] and got[9].logprobs is None and got[5] == []
+    assert back.get(9) == [3] and back.get(7) is None
+    assert list(back) == [4, 9, 5] and 9 in back and 7 not in back
+    with pytest.raises(ValueError, match="seq 1 has 1 log-probs for 2 tokens"):
+        TokenDeltas().add(1, [1, 2], [0.0])

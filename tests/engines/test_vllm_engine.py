@@ -236,3 +236,10 @@ def test_release_and_reacquire_memory(veng, cpu_ref, prompts):
         assert [c.token_ids for c in veng.generate(_reqs(prompts, base=600))] == cpu_ref
     finally:
         veng.cfg = cfg
+
+
+def test_new_tokens_report_each_token_once(veng, prompts):
+    """The same delta contract as the CPU engine's (`conftest.check_new_tokens`), on vLLM."""
+    from .conftest import check_new_tokens
+
+    check_new_tokens(veng, prompts, base=900, step_timeout=0.01)

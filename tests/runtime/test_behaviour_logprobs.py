@@ -47,13 +47,21 @@ def test_tokens_keep_logprobs_only_when_all_known():
         Tokens((1,), (-0.1, -0.2))
 
 
+def _deltas(sid, ids, lps):
+    from pivotrl.engines.protocol import TokenDeltas
+
+    d = TokenDeltas()
+    d.add(sid, ids, lps)
+    return d
+
+
 def test_ledger_accepts_completions_only_from_where_it_placed_them():
     led = SequenceLedger()
     assert not led.place(Role.ROLLOUT, 7, device=1)  # fresh: no tokens to resume from
-    assert led.progress(Role.ROLLOUT, 7, Tokens((4, 5), (-0.1, -0.2)), device=1) == 2
-    assert led.progress(Role.ROLLOUT, 7, Tokens((6,), (-0.3,)), device=2) == 0  # not placed there
+    assert led.fold(Role.ROLLOUT, 1, _deltas(7, (4, 5), (-0.1, -0.2))) == 2
+    assert led.fold(Role.ROLLOUT, 2, _deltas(7, (6,), (-0.3,))) == 0  # not placed there
     led.aborted(Role.ROLLOUT, 7, Tokens((4,), (-0.1,)))  # a shorter abort result never shrinks it
-    assert led.tokens[Role.ROLLOUT][7].ids == (4, 5) and led.counts()[Role.ROLLOUT] == {}
+    assert led.so_far(Role.ROLLOUT, 7).ids == (4, 5) and led.counts()[Role.ROLLOUT] == {}
     assert led.place(Role.ROLLOUT, 7, device=3)  # resumes with its tokens
     assert not led.accept(Role.ROLLOUT, 7, 1, Tokens((4, 5, 9), None))  # raced from the old device
     assert led.accept(Role.ROLLOUT, 7, 3, Tokens((4, 5, 9), (-0.1, -0.2, -0.5)))

@@ -9,6 +9,7 @@ import json
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -275,7 +276,10 @@ def test_decoupled_equals_behaviour_on_fresh_samples(model_path):
             m = tr.step(fresh)
             results.append((m, tr.state_dict()))
     assert results[1][0]["behaviour_is_mean"] == pytest.approx(1.0, abs=1e-5)
-    _assert_state_close(results[0][1], results[1][1], atol=1e-6)
+    # the decoupled first update's clip reference is its own forward's log-probs, the behaviour
+    # path's the recomputed ones: the same policy's, up to float rounding (Adam at lr 1e-2 turns
+    # a near-zero gradient's rounding into ~3e-6)
+    _assert_state_close(results[0][1], results[1][1], atol=1e-5)
 
 
 def test_linear_lr_decay_per_version(model_path):
@@ -530,3 +534,44 @@ def test_memory_config_errors_name_the_field():
                       (dict(publish_dtype="float16"), "publish_dtype")):
         with pytest.raises(ValueError, match=f"^{field}="):  # relative to TrainerSpec; the loader adds `algo.`
             TrainerSpec(**kw)
+
+
+@pytest.mark.parametrize("minis", [1, 3])
+def test_decoupled_first_update_takes_its_proximal_from_its_own_forward(model_path, monkeypatch, minis):
+    """Decoupled PPO: the first mini-batch's proximal log-probs are its update forward's own
+    (the policy is the one the step starts from), not a recompute; the losses, importance weights
+    and update equal those of recomputing every sample first, up to float rounding."""
+    from pivotrl.trainer.trainer_worker import TrainerWorker
+
+    cfg = _cfg(kl_coef=0.0, off_policy="decoupled", ppo_mini_batches=minis, behaviour_is_cap=0.8)
+    b = _batch(5)
+    skipped, runs = [], []
+    real = TrainerWorker._all_log_probs
+    monkeypatch.setattr(TrainerWorker, "_all_log_probs", lambda self, batch, skip=None: (
+        skipped.append(0 if skip is None else len(skip)), real(self, batch, skip))[1])
+    for recompute_all in (False, True):
+        if recompute_all:  # as before: every sample's proximal log-probs recomputed first
+            monkeypatch.setattr(TrainerWorker, "_own_proximal", lambda self, minis: np.asarray([], dtype=np.int64))
+        with Trainer(cfg, model_path) as tr:
+            runs.append((tr.step(b), tr.state_dict()))
+    assert skipped[0] == len(b) // minis + (len(b) % minis > 0) and skipped[-1] == 0
+    for key in ("loss", "pg_loss", "clipfrac", "approx_kl", "ratio_mean", "behaviour_is_mean", "behaviour_is_truncated"):
+        assert runs[0][0][key] == pytest.approx(runs[1][0][key], rel=1e-5, abs=1e-7), key
+    assert 0 < runs[0][0]["behaviour_is_truncated"] < 1
+    # Adam's first step at lr 1e-2 moves a parameter whose gradient is near zero by up to lr times
+    # a ratio of tiny numbers: their rounding shows there (up to ~2e-5, 0.2 % of a step)
+    _assert_state_close(runs[0][1], runs[1][1], atol=5e-5)
+
+
+def test_two_ranks_decoupled_match_one_rank(model_path):
+    """Decoupled PPO over two ranks: each rank's share of the first update's importance weights
+    (from its own forward) is reduced with the other's, so the figures equal one rank's."""
+    cfg = dict(kl_coef=0.0, off_policy="decoupled", ppo_mini_batches=2, behaviour_is_cap=0.8)
+    out = []
+    for ranks in (1, 2):
+        with Trainer(_cfg(world_size=ranks, **cfg), model_path) as tr:
+            out.append((tr.step(_batch(6)), tr.state_dict()))
+    for key in ("loss", "pg_loss", "behaviour_is_mean", "behaviour_is_truncated", "ratio_mean", "tokens_trained"):
+        assert out[1][0][key] == pytest.approx(out[0][0][key], rel=1e-4, abs=1e-6), key
+    assert 0 < out[0][0]["behaviour_is_truncated"] < 1
+    _assert_state_close(out[1][1], out[0][1], atol=1e-4)  # Adam at lr 1e-2: see test_two_ranks_match_one_rank
