@@ -65,10 +65,12 @@ def check_resume(cfg: PivotConfig, kind: str, run_dir: Path) -> None:
                          f"{list(RESUMABLE)}); drop train.resume, or set train.allow_fresh_start=true")
     from pivotrl.trainer.trainer_checkpoint import latest_checkpoint
 
-    if latest_checkpoint(run_dir / "checkpoints") is None:
+    ckpts = cfg.train.checkpoints_in(run_dir)  # the run folder's checkpoints/, or train.checkpoint_dir
+    if latest_checkpoint(ckpts) is None:
+        where = "the run folder" if cfg.train.checkpoint_dir is None else "train.checkpoint_dir"
         raise ValueError(
-            f"train.resume=true but the run folder {run_dir} holds no complete checkpoint "
-            f"(checkpoints/step_*/trainer_state.json): point hydra.run.dir at the folder of the run to "
+            f"train.resume=true but {where} ({ckpts}) holds no complete checkpoint "
+            f"(step_*/trainer_state.json): point hydra.run.dir at the folder of the run to "
             f"continue, or set train.allow_fresh_start=true to start over there")
 
 

@@ -25,6 +25,13 @@ Owns (parameters for shift up come from `params.ParamSource`, the GPS):
 - Crash loops: a device that died more than `max_respawns` times within `respawn_window_s` is
   flagged (`Death.crash_loop`); the runtime then `retire`s it (it leaves the pool).
 
+- Time limits: every call into a device actor is bounded (`limits.Limits`, `cluster.limits.*`,
+  scaled by the model's size where weights move). An inference device past its limit is a device
+  failure, handled as a death (respawned; its sequences go back to the queue with their reported
+  tokens); a training call past its limit, or an inference device past it twice in one shift,
+  stops the run with `TimeLimitExceeded` naming the phase, the devices, the elapsed time and the
+  key to raise.
+
 - Replicas of several devices (`tp` > 1): the slot's first device runs the engine across the
   slot (`roles.EnginePlacement`, read from the device actors' cores and accelerator ids at shift
   up), the others host a `roles.MemberHost`. Moves, polls and weight loads go to the first device
@@ -44,8 +51,9 @@ from pivotrl.core.dispatch import Move
 from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
 from pivotrl.runtime.device import spawn_device
 from pivotrl.runtime.faults import point
-from pivotrl.runtime.outcomes import (Death, MoveResult, ShiftResult, TrainingRankDied, TrainingStateLost,
-                                      measured_shift_seconds)
+from pivotrl.runtime.limits import Limits
+from pivotrl.runtime.outcomes import (Death, MoveResult, ShiftResult, TimeLimitExceeded, TrainingRankDied,
+                                      TrainingStateLost, measured_shift_seconds)
 from pivotrl.runtime.roles import EnginePlacement, RoleSpec, ShiftTiming
 
 if TYPE_CHECKING:
@@ -63,11 +71,22 @@ def _dead(exc: BaseException) -> bool:
 
 
 def _failed(exc: BaseException) -> bool:
-    """The actor is dead, or its engine failed a wake or a load and shut itself down
-    (`EngineFailedError`): either way the device must be replaced, never left serving."""
+    """The actor is dead, its engine failed a wake or a load and shut itself down
+    (`EngineFailedError`), or its call ran past its time limit: either way the device must be
+    replaced, never left serving."""
     from pivotrl.engines.errors import EngineFailedError
 
-    return _dead(exc) or isinstance(exc, EngineFailedError) or isinstance(getattr(exc, "cause", None), EngineFailedError)
+    return (_dead(exc) or isinstance(exc, (EngineFailedError, TimeLimitExceeded))
+            or isinstance(getattr(exc, "cause", None), EngineFailedError))
+
+
+def _why(what: str, exc: BaseException) -> str:
+    """A death's `why`: the call and its exception (a time limit's own message)."""
+    return f"{what}: {exc}" if isinstance(exc, TimeLimitExceeded) else f"{what}: {type(exc).__name__}"
+
+#: Training calls (`train_call`) -> the kind of their time limit (`limits.py`).
+TRAIN_CALL_LIMITS = {"train_step": "train", "save_checkpoint": "train", "wait_checkpoint": "train",
+                     "load_checkpoint": "train", "publish": "load", "trainer_state": "call"}
 
 
 class Executor:
@@ -75,8 +94,10 @@ class Executor:
 
     def __init__(self, cluster: Any, specs: Callable[[Slot, int], RoleSpec], params: "ParamSource",
                  model_of: dict[Role, str], max_respawns: int = 3, respawn_window_s: float = 600.0,
-                 train_recovery: Callable[[int], None] | None = None) -> None:
+                 train_recovery: Callable[[int], None] | None = None, limits: Limits | None = None) -> None:
         self.cluster = cluster
+        self.limits = limits if limits is not None else Limits()
+        """The time limit of every call into a device actor (the defaults' floors when not given)."""
         self.max_respawns, self.respawn_window_s = int(max_respawns), float(respawn_window_s)
         self.train_recovery = train_recovery
         """Called with the policy's version when a trainer rank's state was lost: point the role
@@ -102,9 +123,9 @@ class Executor:
 
     # ------------------------------------------------------------------ devices
     def wait_ready(self) -> list[dict[str, Any]]:
-        import ray
-
-        return ray.get([a.info.remote() for a in self.actors.values()])
+        """Every device actor's `info`, once all have started (within a shift's limit)."""
+        return self.limits.get([a.info.remote() for a in self.actors.values()], "shift", "device actors starting",
+                               list(self.actors))
 
     def handle(self, device: int) -> tuple[Any, int]:
         """`device`'s current actor and its generation, read together (a respawn on another thread
@@ -198,17 +219,15 @@ class Executor:
         device, else a member of the replica. False when it died again on the way: it is
         respawned, and that death carries `slot`, so taking it re-hosts once more (bounded: a
         crash loop leaves the pool)."""
-        import ray
-
         actor, gen = self.handle(device)
         call = self._ups(slot, only=device)[device]
         point("rehost", device, actor)
         try:
-            ray.get(call(actor))
+            self.limits.wait(call(actor), self._shift_limit(slot.role), "re-host (shift up)", device)
         except Exception as e:
             if not _failed(e):
                 raise
-            self.respawn(device, f"re-host: {type(e).__name__}", gen, slot=slot)
+            self.respawn(device, _why("re-host", e), gen, slot=slot)
             return False
         with self._lock:
             self.role_of[device] = slot.role
@@ -218,9 +237,8 @@ class Executor:
 
     # ------------------------------------------------------------------ moves
     def execute_moves(self, role: Role, moves: list[Move], request_for: Callable[[Role, int], Any]) -> MoveResult:
-        """Aborts (batched per replica, in parallel), then assigns (batched per replica)."""
-        import ray
-
+        """Aborts (batched per replica, in parallel), then assigns (batched per replica); a device
+        that died or did not answer within `cluster.limits.call_s` is replaced."""
         res = MoveResult()
         aborts: dict[int, list[int]] = {}
         assigns: dict[int, list[int]] = {}
@@ -231,13 +249,14 @@ class Executor:
         # a respawned device not re-hosted yet (or retired) holds nothing to abort and must take
         # no submit: its sequences are re-queued by the runtime when it takes that death
         refs = {d: h[d][0].abort.remote(ids) for d, ids in aborts.items() if self.reachable(d)}
+        t0, limit = time.monotonic(), self.limits.of("call")
         for d, ref in refs.items():
             try:
-                out = ray.get(ref)
+                out = self.limits.wait(ref, limit, "abort", d, t0)
             except Exception as e:
-                if not _dead(e):
+                if not (_dead(e) or isinstance(e, TimeLimitExceeded)):
                     raise
-                self.respawn(d, f"abort: {type(e).__name__}", h[d][1])
+                self.respawn(d, _why("abort", e), h[d][1])
                 res.dead.add(d)
                 continue
             res.aborted.update(out.aborted)
@@ -249,13 +268,14 @@ class Executor:
             if reqs and d not in res.dead and self.reachable(d):
                 point("submit", d, h[d][0])
                 subs[d] = h[d][0].submit.remote(reqs)
+        t0 = time.monotonic()
         for d, ref in subs.items():
             try:
-                ray.get(ref)
+                self.limits.wait(ref, limit, "submit", d, t0)
             except Exception as e:
-                if not _dead(e):
+                if not (_dead(e) or isinstance(e, TimeLimitExceeded)):
                     raise
-                self.respawn(d, f"submit: {type(e).__name__}", h[d][1])
+                self.respawn(d, _why("submit", e), h[d][1])
                 res.dead.add(d)
         return res
 
@@ -286,15 +306,13 @@ class Executor:
     def _placement(self, s: Slot) -> EnginePlacement:
         """The cores and accelerator ids of every device of `s`, as their actors report them (a
         dead one adds none: its shift up finds it dead and respawns it)."""
-        import ray
-
         cores: set[int] = set()
         ids: list[str] = []
         for d, (actor, _) in self.handles(s.devices).items():
             try:
-                info = ray.get(actor.info.remote())
-            except Exception as e:
-                if not _dead(e):
+                info = self.limits.get(actor.info.remote(), "call", "info", d)
+            except Exception as e:  # a hung one: its shift up runs past its limit and replaces it
+                if not (_dead(e) or isinstance(e, TimeLimitExceeded)):
                     raise
                 continue
             cores.update(info.get("cores") or ())
@@ -304,15 +322,14 @@ class Executor:
     def _recover_training(self, slot: Slot) -> None:
         """A trainer rank's state died: rebuild every rank of `slot` from the checkpoint at the
         policy's current version (the launch's `train_recovery` points the specs at it, or raises)."""
-        import ray
-
         version = self.params.version("policy")
         if self.train_recovery is None:
             raise TrainingStateLost(f"a trainer rank's state was lost with its device at policy version "
                                     f"{version}, and this executor has no checkpoint to rebuild it from")
         self.train_recovery(version)
         survivors = sorted(self.train_ranks)
-        ray.get([actor.drop_role.remote(Role.TRAIN.value) for actor, _ in self.handles(survivors).values()])
+        self.limits.get([actor.drop_role.remote(Role.TRAIN.value) for actor, _ in self.handles(survivors).values()],
+                        "call", "dropping the lost trainer's ranks", survivors)
         self.train_ranks.clear()
         for d in slot.devices:
             if self.role_of.get(d) == Role.TRAIN:
@@ -322,25 +339,31 @@ class Executor:
         log.warning("training state lost with a device: rebuilding ranks %s from the checkpoint at version %d",
                     list(slot.devices), version)
 
-    def _call_all(self, calls: dict[int, Callable[[Any], Any]], what: str, res: ShiftResult,
-                  retry: Callable[[int], bool] | None) -> dict[int, Any]:
-        """Run one remote call per device (`calls[d](actor)`) at once; respawn dead ones, and
-        call again on the fresh actor where `retry(d)` holds."""
-        import ray
+    def _shift_limit(self, role: Role | None) -> Any:
+        """A shift half's limit on a device of `role` (its model's size; None: the policy's)."""
+        return self.limits.of("shift", self.model_of.get(role, "policy") if role is not None else "policy")
 
+    def _call_all(self, calls: dict[int, Callable[[Any], Any]], what: str, res: ShiftResult,
+                  retry: Callable[[int], bool] | None, roles: dict[int, Role | None]) -> dict[int, Any]:
+        """Run one remote call per device (`calls[d](actor)`) at once, each within its shift limit
+        (`roles[d]`: the role it shifts); replace dead, failed and (inference) overdue ones, and
+        call again on the fresh actor where `retry(d)` holds. A training device past its limit,
+        or one past it again after a retry, stops the shift with `TimeLimitExceeded`."""
         h = self.handles(calls)
+        t0 = time.monotonic()
         refs = {d: f(h[d][0]) for d, f in calls.items()}
         out: dict[int, Any] = {}
         for d, ref in refs.items():
+            limit = self._shift_limit(roles.get(d))
             try:
-                out[d] = ray.get(ref)
+                out[d] = self.limits.wait(ref, limit, what, d, t0)
             except Exception as e:
-                if not _failed(e):
+                if not _failed(e) or (isinstance(e, TimeLimitExceeded) and roles.get(d) not in INFERENCE_ROLES):
                     raise
-                self.respawn(d, f"{what}: {type(e).__name__}", h[d][1])
+                self.respawn(d, _why(what, e), h[d][1])
                 res.dead.add(d)
                 if retry is not None and retry(d):
-                    out[d] = ray.get(calls[d](self.handle(d)[0]))
+                    out[d] = self.limits.wait(calls[d](self.handle(d)[0]), limit, f"{what} (again, on a fresh actor)", d)
         return out
 
     def run_shift(self, plan: ShiftPlan) -> ShiftResult:
@@ -352,7 +375,8 @@ class Executor:
                 for d in s.devices:
                     point("shift_down", d, self.handle(d)[0])
             downs = {d: (lambda actor: actor.shift_down.remote()) for s in plan.down for d in s.devices}
-            timings = self._call_all(downs, "shift_down", res, retry=None)
+            timings = self._call_all(downs, "shift_down", res, retry=None,
+                                     roles={d: s.role for s in plan.down for d in s.devices})
             t1 = time.perf_counter()
             with self._lock:
                 for d in downs:
@@ -368,13 +392,14 @@ class Executor:
                     point("shift_up", d, self.handle(d)[0])
                 ups.update(self._ups(s))
             inference = {d for s in plan.up if s.role in INFERENCE_ROLES for d in s.devices}
-            up_t = self._call_all(ups, "shift_up", res, retry=inference.__contains__)
+            up_roles = {d: s.role for s in plan.up for d in s.devices}
+            up_t = self._call_all(ups, "shift_up", res, retry=inference.__contains__, roles=up_roles)
             for s in train_up:
                 if any(d in res.dead for d in s.devices):
                     self.train_state_lost = True  # also a cold first build: its group is incomplete
                 if self.train_state_lost:  # a rank died in this shift: rebuild all from the checkpoint
                     self._recover_training(s)
-                    up_t.update(self._call_all(self._ups(s), "shift_up", res, retry=None))
+                    up_t.update(self._call_all(self._ups(s), "shift_up", res, retry=None, roles=up_roles))
             t2 = time.perf_counter()
             for s in plan.up:
                 with self._lock:
@@ -413,27 +438,27 @@ class Executor:
         admitted first, under the old weights, and be staler than the controller assumes. Each
         device reads its own node's GPS copy itself (`GPSWeights`); the driver sends only the
         version. Returns (version, one measured load per device: `{"device", "seconds", "bytes",
-        "path", "gps_version"}`, `seconds` the time its decoding stood still). No timeout: a slow
-        load is a measured event. A device that died, or whose engine failed the load (it shut
-        itself down), is respawned and skipped: its sequences go back to the queue when the
-        runtime takes that death (`take_deaths`)."""
-        import ray
-
+        "path", "gps_version"}`, `seconds` the time its decoding stood still). A slow load is a
+        measured event within its limit (`cluster.limits.load_*`). A device that died, whose engine
+        failed the load (it shut itself down), or that ran past the limit, is respawned and
+        skipped: its sequences go back to the queue when the runtime takes that death
+        (`take_deaths`)."""
         weights, version = self.params.weights("policy")
         h = self.handles(d for d, r in self.serving().items() if r == Role.ROLLOUT)
         for d, (actor, _) in h.items():
             point("publish", d, actor)
+        t0, limit = time.monotonic(), self.limits.of("load", "policy")
         refs = {d: (actor.load_weights.remote(weights, version), gen) for d, (actor, gen) in h.items()}
         per: list[dict[str, Any]] = []
         for d, (r, gen) in refs.items():
             try:
-                ev = ray.get(r)
+                ev = self.limits.wait(r, limit, "weight load (publish)", d, t0)
             except Exception as e:
                 if not _failed(e):
                     raise
                 log.warning("publish of policy version %d: device %d %s", version, d,
                             "died" if _dead(e) else f"failed the load ({e})")
-                self.respawn(d, f"publish: {type(e).__name__}", gen)
+                self.respawn(d, _why("publish", e), gen)
                 continue
             if ev is not None:
                 per.append({"device": int(d), **ev})
@@ -442,15 +467,15 @@ class Executor:
     # ------------------------------------------------------------------ training (collective)
     def train_call(self, devices: tuple[int, ...], method: str, *args: Any) -> list[Any]:
         """One collective call on every training rank. A dead rank raises `TrainingRankDied`
-        naming its device (the group cannot finish the call without it)."""
-        import ray
-
+        naming its device (the group cannot finish the call without it); a call past its time
+        limit (`TRAIN_CALL_LIMITS`) raises `TimeLimitExceeded` naming the devices."""
         h = self.handles(devices)
+        t0, limit = time.monotonic(), self.limits.of(TRAIN_CALL_LIMITS.get(method, "train"), "policy")
         refs = [getattr(h[d][0], method).remote(*args) for d in devices]
         out, dead = [], []
         for d, ref in zip(devices, refs):
             try:
-                out.append(ray.get(ref))
+                out.append(self.limits.wait(ref, limit, f"training {method}", list(devices), t0))
             except Exception as e:
                 if not _dead(e):
                     raise

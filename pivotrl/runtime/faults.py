@@ -7,7 +7,9 @@ training-home device holding the trainer's offloaded state was lent to inference
 respawned device is re-hosted (`PHASES`). With no hook installed
 (every real run) `point` returns at once. A test installs one with `set_hook(fn)`; `fn(phase,
 device, actor)` runs synchronously in the loop, so a kill it makes lands exactly at that phase
-(`kill_at` is such a hook: it kills one device once and waits until Ray reports the actor dead).
+(`kill_at` is such a hook: it kills one device once and waits until Ray reports the actor dead;
+`stall_at` makes the device hang instead, holding its step lock as a stuck engine call would, so
+the call that follows runs into its time limit, `cluster.limits.*`).
 """
 from __future__ import annotations
 
@@ -60,6 +62,25 @@ def kill_at(phase: str | tuple[str, ...], device: int | None = None, after: int 
             except Exception:
                 break
             time.sleep(0.05)
+        hook.fired.append((ph, dev))
+
+    hook.fired = []
+    return hook
+
+
+def stall_at(phase: str, device: int, seconds: float, times: int = 1) -> Callable:
+    """A hook that, the first `times` times `phase` is reached for `device`, makes that device's
+    actor hold its step lock for `seconds` (`DeviceWorker.stall`) before the call goes on: the
+    call then waits behind a hung device. `fired` lists the (phase, device) it stalled."""
+    if phase not in PHASES:
+        raise ValueError(f"fault phase {phase!r}: allowed {', '.join(PHASES)}")
+
+    def hook(ph: str, dev: int, actor: Any) -> None:
+        if ph != phase or dev != device or len(hook.fired) >= times:
+            return
+        import ray
+
+        ray.get(actor.stall.remote(seconds), timeout=60)
         hook.fired.append((ph, dev))
 
     hook.fired = []

@@ -78,3 +78,13 @@ def measured_shift_seconds(timings: list[dict[str, Any]]) -> dict[Role, float]:
         if up is not None or down is not None:
             out[role] = (up or 0.0) + (down or 0.0)
     return out
+
+
+class TimeLimitExceeded(RuntimeError):
+    """A call into device(s) ran past its time limit (`runtime/limits.py`, `cluster.limits.*`)."""
+
+    def __init__(self, phase: str, devices: Any, elapsed_s: float, limit_s: float, key: str) -> None:
+        self.phase, self.elapsed_s, self.limit_s, self.key = phase, float(elapsed_s), float(limit_s), key
+        self.devices = [int(devices)] if isinstance(devices, int) else [int(d) for d in devices]
+        super().__init__(f"{phase} on device(s) {self.devices} ran {self.elapsed_s:.1f}s, past its time limit of "
+                         f"{self.limit_s:.1f}s ({key}); if it is only slow, raise that limit")
