@@ -8,7 +8,8 @@ folder's lock (one run per folder, `logging/runlock.py`), the resume check (`tra
 needs a checkpoint in the folder unless `train.allow_fresh_start=true`), the tracker; after it:
 the closing table (`pivotrl.report.table`, every runtime), and, in `finally` so a partial run gets
 them too, `timeline.png` (and `accuracy.png` where steps have an accuracy) drawn from the folder's
-records and logged to wandb, then the tracker and the lock are closed. The first error is the one raised; teardown errors are logged after it
+records and logged to wandb, and `trace.json` (the run's Perfetto trace, `pivotrl.report.trace`),
+then the tracker and the lock are closed. The first error is the one raised; teardown errors are logged after it
 (`logging/teardown.py`). A picture that cannot be drawn is logged, never fatal: the records are
 what matters, and `python -m pivotrl.report RUN_DIR` redraws it.
 """
@@ -95,6 +96,19 @@ def draw_pictures(run_dir: Path, tracker: object | None) -> None:
                       run_dir, run_dir)
 
 
+def write_run_trace(run_dir: Path) -> None:
+    """`trace.json` into the run folder (`pivotrl.report.trace`); logged, never raised, as the
+    pictures are."""
+    try:
+        from pivotrl.report.trace import write_trace
+
+        if (run_dir / "timeline.jsonl").exists() and (run_dir / "timeline.jsonl").stat().st_size > 0:
+            write_trace(run_dir)
+    except Exception:  # noqa: BLE001 - a sink: the records are kept, the report command rewrites it
+        log.exception("could not write the run's trace.json from %s (rewrite it with: python -m pivotrl.report %s)",
+                      run_dir, run_dir)
+
+
 def print_closing_table(run_dir: Path) -> None:
     from pivotrl.report.records import RunRecords
     from pivotrl.report.table import closing_rows, format_table
@@ -138,7 +152,8 @@ def _run_locked(cfg: PivotConfig, kind: str, runtime: Callable[..., dict[str, An
         error = e
         raise
     finally:
-        steps = [("drawing timeline.png", lambda: draw_pictures(run_dir, tracker))] if tracker is not None else []
+        steps = [("drawing timeline.png", lambda: draw_pictures(run_dir, tracker)),
+                 ("writing trace.json", lambda: write_run_trace(run_dir))] if tracker is not None else []
         if tracker is not None:
             steps.append(("closing the tracker", tracker.close))
         steps.append(("releasing the run folder lock", lock.release))
