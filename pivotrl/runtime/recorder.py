@@ -13,13 +13,18 @@ counters of the run's Perfetto trace, `pivotrl.report.trace`).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pivotrl.deploy.base import Controller
+    from pivotrl.deploy.events import StepDone
+    from pivotrl.logging.tracker import Tracker
 
 
 class Recorder:
     """Rows and summary of one run of controller mode `mode` on runtime `runtime`."""
 
-    def __init__(self, tracker: Any, *, mode: str, models: str, runtime: str, devices: int, steps: int,
+    def __init__(self, tracker: Tracker | None, *, mode: str, models: str, runtime: str, devices: int, steps: int,
                  warmup: int, prompts_per_step: int, group_size: int, console: str | None = None,
                  load_every_s: float | None = None) -> None:
         self.tracker = tracker
@@ -36,7 +41,7 @@ class Recorder:
         if self.tracker is not None:
             self.tracker.log_event(kind, **fields)
 
-    def sample_load(self, now: float, ctrl: Any) -> None:
+    def sample_load(self, now: float, ctrl: Controller) -> None:
         """A `role_load` record of `ctrl`'s schedulers (module docstring), unless one was written
         less than `load_every_s` ago."""
         if self.load_every_s is None or (self._last_load is not None and now - self._last_load < self.load_every_s):
@@ -50,7 +55,7 @@ class Recorder:
                                  "kv_used": int(round(s.kv_utilisation() * cap)), "kv_capacity": int(cap)}
         self.event("role_load", {"now": now, **roles})
 
-    def step(self, act: Any, now: float, fields: dict[str, Any]) -> dict[str, Any]:
+    def step(self, act: StepDone, now: float, fields: dict[str, Any]) -> dict[str, Any]:
         f = dict(act.fields)
         step_time = now - self.last_step_end
         row = {"step": act.step, "time_s": now, "step_time_s": step_time,

@@ -155,7 +155,7 @@ def test_a_training_step_past_its_limit_stops_naming_the_phase_and_key(ray_sessi
     ex = _executor(ray_session, monkeypatch, ["train_step"])
     with pytest.raises(TimeLimitExceeded) as e:
         ex.train_call((0, 1), "train_step", None)
-    assert e.value.devices == [0, 1] and e.value.phase == "training train_step" and 1.0 <= e.value.elapsed_s < HANG_S
+    assert e.value.devices == [0, 1] and e.value.phase == "training train_step" and 0.9 <= e.value.elapsed_s < HANG_S
     assert "cluster.limits.train_floor_s=1" in str(e.value)
     assert ex.take_deaths() == [], "a training rank is never silently replaced"
 
