@@ -26,6 +26,7 @@ from pivotrl.runtime.roles import RoleSpec
 
 if TYPE_CHECKING:
     from pivotrl.config import PivotConfig
+    from pivotrl.runtime.nodes import ModelSource, NodeView
     from pivotrl.config.resolve import Resolved
     from pivotrl.runtime.cluster import Cluster
     from pivotrl.runtime.executor import Executor
@@ -46,7 +47,7 @@ class Launch:
         self.rank_checkpoint_dir = cfg.train.checkpoint_dir or str(self.checkpoint_dir.resolve())
         """The same folder as the trainer ranks are told it (each expands it on its own node)."""
         self._init_method: str | None = None  # the trainer's rendezvous, asked once per trainer built
-        self.nodes: Any = None  # nodes.NodeView: each node's own model folders
+        self.nodes: NodeView | None = None  # each node's own model folders (the check at start)
         self._ray_nodes: list[str] = []  # the Ray node of each node group (placement group)
         self.cluster: Cluster | None = None
         self.executor: Executor | None = None
@@ -79,7 +80,7 @@ class Launch:
                                  limits=Limits.of_store(cl.limits, self.params.store, {"policy", "genrm"}))
         self.executor.wait_ready()
 
-    def model_sources(self) -> list[Any]:
+    def model_sources(self) -> list[ModelSource]:
         """The model folders every node must open (`nodes.check_nodes`): the user's `hf_path`s as
         configured (each node resolves them itself), or the bootstrapped tiny models' folders."""
         from pivotrl.runtime.nodes import ModelSource

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from pivotrl.config.cluster import LimitsConfig
 from pivotrl.runtime.outcomes import TimeLimitExceeded
+
+if TYPE_CHECKING:
+    from pivotrl.gps.store import GlobalParameterStore
 
 KINDS = ("call", "shift", "load", "train")
 
@@ -48,7 +51,7 @@ class Limits:
         """GB of weights per GPS model (`policy`, `genrm`)."""
 
     @classmethod
-    def of_store(cls, cfg: LimitsConfig, store: Any, models: Iterable[str]) -> "Limits":
+    def of_store(cls, cfg: LimitsConfig, store: GlobalParameterStore, models: Iterable[str]) -> "Limits":
         """Limits scaled by each of `models`' size as GPS holds it."""
         return cls(cfg, {m: store.spec(m).nbytes / 1e9 for m in models})
 
@@ -65,7 +68,8 @@ class Limits:
                      f"cluster.limits.{kind}_floor_s={floor:g} + cluster.limits.{kind}_s_per_gb={per_gb:g} x "
                      f"{gb:.3g} GB of {model or 'its model'}")
 
-    def wait(self, ref: Any, limit: Limit, phase: str, devices: Any, started: float | None = None) -> Any:
+    def wait(self, ref: Any, limit: Limit, phase: str, devices: int | Iterable[int],
+             started: float | None = None) -> Any:
         """`ray.get(ref)` within `limit` counted from `started` (time.monotonic(); now when None);
         `TimeLimitExceeded` past it."""
         import ray
@@ -76,6 +80,6 @@ class Limits:
         except ray.exceptions.GetTimeoutError:
             raise TimeLimitExceeded(phase, devices, time.monotonic() - t0, limit.seconds, limit.key) from None
 
-    def get(self, ref: Any, kind: str, phase: str, devices: Any, model: str | None = None) -> Any:
+    def get(self, ref: Any, kind: str, phase: str, devices: int | Iterable[int], model: str | None = None) -> Any:
         """`wait` with the limit of a `kind` call on `model`."""
         return self.wait(ref, self.of(kind, model), phase, devices)

@@ -7,7 +7,7 @@ them (the driver's threads hand back a `ShiftResult`, a `TrainingResult` or a `T
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from pivotrl.core.types import Role, ShiftPlan, Slot
 
@@ -109,7 +109,7 @@ def measured_shift_seconds(timings: list[dict[str, Any]]) -> dict[Role, float]:
 class TimeLimitExceeded(RuntimeError):
     """A call into device(s) ran past its time limit (`runtime/limits.py`, `cluster.limits.*`)."""
 
-    def __init__(self, phase: str, devices: Any, elapsed_s: float, limit_s: float, key: str) -> None:
+    def __init__(self, phase: str, devices: int | Iterable[int], elapsed_s: float, limit_s: float, key: str) -> None:
         self.phase, self.elapsed_s, self.limit_s, self.key = phase, float(elapsed_s), float(limit_s), key
         self.devices = [int(devices)] if isinstance(devices, int) else [int(d) for d in devices]
         super().__init__(f"{phase} on device(s) {self.devices} ran {self.elapsed_s:.1f}s, past its time limit of "

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from pivotrl.core.types import Role, ShiftPlan, Slot
 
 if TYPE_CHECKING:
+    from pivotrl.runtime.limits import Limit, Limits
     from transformers import PreTrainedTokenizerBase
 
     from pivotrl.config import PivotConfig
@@ -41,7 +42,7 @@ class RemoteEngine:
     """`generate` on device actor `actor` (module docstring)."""
 
     def __init__(self, actor: Any, device: int, poll_s: float, idle_limit_s: float = 300.0,  # a Ray actor
-                 limits: Any = None) -> None:
+                 limits: Limits | None = None) -> None:
         from pivotrl.runtime.limits import Limits
 
         self.actor, self.device = actor, device
@@ -49,7 +50,7 @@ class RemoteEngine:
         self.limits = limits if limits is not None else Limits()
 
     @property
-    def _poll_limit(self) -> Any:
+    def _poll_limit(self) -> Limit:
         from pivotrl.runtime.limits import Limit
 
         call = self.limits.of("call")
