@@ -176,6 +176,12 @@ class TrainerWorker:
             w = np.concatenate([is_weights[i] for i in fresh])  # n_tok > 0 was checked above
             metrics["behaviour_is_mean"] = float(w.mean())
             metrics["behaviour_is_truncated"] = float((w >= cfg.behaviour_is_cap).mean())
+            # mean |log pi_prox - log mu| per token: how far the engine's sampling log-probs are from
+            # the trainer's (the IS mean is 1 in expectation whatever they are); on an on-policy
+            # batch it is the engine-vs-trainer mismatch alone (numerics, or weights not loaded)
+            metrics["behaviour_logprob_diff"] = float(np.mean(np.concatenate(
+                [np.abs(np.asarray(prox[i], dtype=np.float64) - np.asarray(batch.old_log_probs[i], dtype=np.float64))
+                 for i in fresh])))
             batch = batch.with_old_log_probs(prox)
         elif batch.old_log_probs is None and len(minis) * cfg.ppo_epochs > 1:
             # Several updates per batch: the ratio's denominator must be the policy before the

@@ -44,6 +44,7 @@ def test_mode_trains_two_steps(ray_session, tiny_assets, tmp_path, mode):
     # decoupled PPO (the runtime's default): the on-policy batch's importance weight to the
     # behaviour policy is 1 (engine and trainer log-probs agree)
     assert rows[0]["behaviour_is_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert rows[0]["behaviour_logprob_diff"] < 1e-3, "the CPU engine samples from the trainer's weights"
     if mode == "pivot":  # the run's Perfetto trace: its schema, held-out validation, per-role load
         from tests.report.test_trace import check_trace
 

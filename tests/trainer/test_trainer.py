@@ -275,6 +275,7 @@ def test_decoupled_equals_behaviour_on_fresh_samples(model_path):
             m = tr.step(fresh)
             results.append((m, tr.state_dict()))
     assert results[1][0]["behaviour_is_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert results[1][0]["behaviour_logprob_diff"] < 1e-5, "the trainer's own log-probs: no mismatch"
     _assert_state_close(results[0][1], results[1][1], atol=1e-6)
 
 
