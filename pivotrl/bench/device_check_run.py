@@ -88,16 +88,25 @@ def make_assets(folder: Path, gpu: bool) -> dict[str, str]:
     return out
 
 
+#: devices of each run: colocated's one device is the GPU; pivot needs a device per role at start,
+#: so its three share the GPU (`cluster.devices_per_gpu`: their shifts run one at a time)
+DEVICES = {"colocated": 1, "pivot": 3}
+#: each vLLM engine's share of the GPU: room for one awake engine per device, and the trainer
+GPU_MEMORY = {"colocated": 0.3, "pivot": 0.2}
+
+
 def run_command(mode: str, deploy: str, assets: dict[str, str], run_dir: Path) -> list[str]:
     """The `train.py` command of part 4 (`colocated`) or 5 (`pivot`)."""
+    n = DEVICES[deploy]
     args = [sys.executable, "train.py", f"deploy={deploy}", "cluster=ray", "cluster.address=local",
-            "cluster.num_devices=1", f"models.policy.hf_path={assets['policy']}",
+            f"cluster.num_devices={n}", f"cluster.devices_per_gpu={n}", f"models.policy.hf_path={assets['policy']}",
             f"models.genrm.hf_path={assets['genrm']}", f"data.train_path={assets['train']}",
             f"data.val_path={assets['val']}", "data.val_size=8", "data.max_response_length=16",
             f"train.steps={STEPS}", "train.warmup_steps=1", "train.prompts_per_step=4", "train.group_size=4",
             "logging.wandb_mode=disabled", "logging.progress=false", f"hydra.run.dir={run_dir}"]
-    if mode == "gpu":  # two engines and the trainer share the GPU, asleep when not serving
-        return args + ["engine.dtype=bfloat16", "engine.vllm_gpu_memory_utilization=0.3", "engine.max_num_seqs=64"]
+    if mode == "gpu":  # engines and the trainer share the GPU (at most one engine awake per device)
+        return args + ["engine.dtype=bfloat16", f"engine.vllm_gpu_memory_utilization={GPU_MEMORY[deploy]}",
+                       "engine.max_num_seqs=64"]
     return args + ["cluster.accelerator=cpu", "engine=cpu", "engine.max_num_seqs=32", "engine.kv_capacity_tokens=8192"]
 
 

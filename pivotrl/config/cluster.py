@@ -130,6 +130,12 @@ class ClusterConfig:
     null = cpu on `local`, cuda on `ray`."""
     threads_per_device: int = 1
     """CPU threads per virtual device actor (`local`)."""
+    devices_per_gpu: int = 1
+    """`ray`: devices that share one GPU, each actor taking that fraction of it (1: a GPU per
+    device). > 1 lets one GPU hold a run that needs a device per role (the device check's pivot
+    run on one H200); their shifts then run one device at a time, so that no two vLLM engines start
+    on the GPU at once, and each engine's `engine.vllm_gpu_memory_utilization` must leave room for
+    the others."""
     device_memory_bytes: float | None = None
     """Real runtimes on GPUs (`accelerator=cuda`): memory of one device in bytes, for the check at
     start that a training rank fits its home devices (`pivotrl.runtime.assets.check_trainer_fits`).
@@ -157,6 +163,9 @@ class ClusterConfig:
         check(self.accelerator in (None, "cpu", "cuda"), "accelerator", "null, cpu or cuda", self.accelerator)
         check(isinstance(self.threads_per_device, int) and self.threads_per_device >= 1, "threads_per_device",
               "an int >= 1", self.threads_per_device)
+        check(isinstance(self.devices_per_gpu, int) and not isinstance(self.devices_per_gpu, bool)
+              and (self.devices_per_gpu == 1 or (self.devices_per_gpu > 1 and self.kind == ClusterKind.ray)),
+              "devices_per_gpu", "1, or an int > 1 with cluster=ray (devices sharing one GPU)", self.devices_per_gpu)
         check(self.device_memory_bytes is None or (finite(self.device_memory_bytes) and self.device_memory_bytes > 0),
               "device_memory_bytes", "null (the GPU's own) or a finite number of bytes > 0", self.device_memory_bytes)
         for name in ("poll_s", "fit_every_s"):

@@ -24,13 +24,8 @@ Owns (parameters for shift up come from `params.ParamSource`, the GPS):
   from the base model.
 - Crash loops: a device that died more than `max_respawns` times within `respawn_window_s` is
   flagged (`Death.crash_loop`); the runtime then `retire`s it (it leaves the pool).
-
-- Time limits: every call into a device actor is bounded (`limits.Limits`, `cluster.limits.*`,
-  scaled by the model's size where weights move). An inference device past its limit is a device
-  failure, handled as a death (respawned; its sequences go back to the queue with their reported
-  tokens); a training call past its limit, or an inference device past it twice in one shift,
-  stops the run with `TimeLimitExceeded` naming the phase, the devices, the elapsed time and the
-  key to raise.
+- Time limits (`limits.py`): an inference device past its call's limit is replaced as a dead one
+  is; a training call past it, or a device past it twice in one shift, raises `TimeLimitExceeded`.
 
 - Replicas of several devices (`tp` > 1): the slot's first device runs the engine across the
   slot (`roles.EnginePlacement`, read from the device actors' cores and accelerator ids at shift
@@ -41,6 +36,7 @@ Knows nothing about the deployment modes: it executes what the controller decide
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -51,9 +47,10 @@ from pivotrl.core.dispatch import Move
 from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
 from pivotrl.runtime.device import spawn_device
 from pivotrl.runtime.faults import point
-from pivotrl.runtime.limits import Limits
+from pivotrl.runtime.limits import TRAIN_CALL_LIMITS, Limit, Limits
 from pivotrl.runtime.outcomes import (Death, MoveResult, ShiftResult, TimeLimitExceeded, TrainingRankDied,
-                                      TrainingStateLost, measured_shift_seconds)
+                                      TrainingStateLost, death_reason, is_dead, measured_shift_seconds,
+                                      must_replace)
 from pivotrl.runtime.roles import EnginePlacement, RoleSpec, ShiftTiming
 
 if TYPE_CHECKING:
@@ -61,33 +58,6 @@ if TYPE_CHECKING:
     from pivotrl.runtime.params import ParamSource
 
 log = logging.getLogger(__name__)
-
-
-
-def _dead(exc: BaseException) -> bool:
-    """The actor is gone (its process died, or Ray lost it)."""
-    import ray
-
-    return isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError))
-
-
-def _failed(exc: BaseException) -> bool:
-    """The actor is dead, its engine failed a wake or a load and shut itself down
-    (`EngineFailedError`), or its call ran past its time limit: either way the device must be
-    replaced, never left serving."""
-    from pivotrl.engines.errors import EngineFailedError
-
-    return (_dead(exc) or isinstance(exc, (EngineFailedError, TimeLimitExceeded))
-            or isinstance(getattr(exc, "cause", None), EngineFailedError))
-
-
-def _why(what: str, exc: BaseException) -> str:
-    """A death's `why`: the call and its exception (a time limit's own message)."""
-    return f"{what}: {exc}" if isinstance(exc, TimeLimitExceeded) else f"{what}: {type(exc).__name__}"
-
-#: Training calls (`train_call`) -> the kind of their time limit (`limits.py`).
-TRAIN_CALL_LIMITS = {"train_step": "train", "save_checkpoint": "train", "wait_checkpoint": "train",
-                     "load_checkpoint": "train", "publish": "load", "trainer_state": "call"}
 
 
 class Executor:
@@ -99,6 +69,10 @@ class Executor:
         self.cluster = cluster
         self.limits = limits if limits is not None else Limits()
         """The time limit of every call into a device actor (the defaults' floors when not given)."""
+        # devices sharing GPUs (`cluster.devices_per_gpu`): every shift call (of any plan, and
+        # re-hosts) runs alone, so no two engines start on a GPU at once (cluster.py says why)
+        self.one_at_a_time = getattr(cluster.spec, "devices_per_gpu", 1) > 1
+        self._one_shift_at_a_time = threading.Lock()
         self.max_respawns, self.respawn_window_s = int(max_respawns), float(respawn_window_s)
         self.train_recovery = train_recovery
         """Called with the policy's version when a trainer rank's state was lost: point the role
@@ -224,11 +198,12 @@ class Executor:
         call = self._ups(slot, only=device)[device]
         point("rehost", device, actor)
         try:
-            self.limits.wait(call(actor), self._shift_limit(slot.role), "re-host (shift up)", device)
+            with self._one_shift_at_a_time if self.one_at_a_time else contextlib.nullcontext():
+                self.limits.wait(call(actor), self._shift_limit(slot.role), "re-host (shift up)", device)
         except Exception as e:
-            if not _failed(e):
+            if not must_replace(e):
                 raise
-            self.respawn(device, _why("re-host", e), gen, slot=slot)
+            self.respawn(device, death_reason("re-host", e), gen, slot=slot)
             return False
         with self._lock:
             self.role_of[device] = slot.role
@@ -238,8 +213,8 @@ class Executor:
 
     # ------------------------------------------------------------------ moves
     def execute_moves(self, role: Role, moves: list[Move], request_for: Callable[[Role, int], Any]) -> MoveResult:
-        """Aborts (batched per replica, in parallel), then assigns (batched per replica); a device
-        that died or did not answer within `cluster.limits.call_s` is replaced."""
+        """Aborts (batched per replica, in parallel), then assigns (batched per replica); a dead or
+        overdue device is replaced."""
         res = MoveResult()
         aborts: dict[int, list[int]] = {}
         assigns: dict[int, list[int]] = {}
@@ -255,9 +230,9 @@ class Executor:
             try:
                 out = self.limits.wait(ref, limit, "abort", d, t0)
             except Exception as e:
-                if not (_dead(e) or isinstance(e, TimeLimitExceeded)):
+                if not (is_dead(e) or isinstance(e, TimeLimitExceeded)):
                     raise
-                self.respawn(d, _why("abort", e), h[d][1])
+                self.respawn(d, death_reason("abort", e), h[d][1])
                 res.dead.add(d)
                 continue
             res.aborted.update(out.aborted)
@@ -274,9 +249,9 @@ class Executor:
             try:
                 self.limits.wait(ref, limit, "submit", d, t0)
             except Exception as e:
-                if not (_dead(e) or isinstance(e, TimeLimitExceeded)):
+                if not (is_dead(e) or isinstance(e, TimeLimitExceeded)):
                     raise
-                self.respawn(d, _why("submit", e), h[d][1])
+                self.respawn(d, death_reason("submit", e), h[d][1])
                 res.dead.add(d)
         return res
 
@@ -313,7 +288,7 @@ class Executor:
             try:
                 info = self.limits.get(actor.info.remote(), "call", "info", d)
             except Exception as e:  # a hung one: its shift up runs past its limit and replaces it
-                if not (_dead(e) or isinstance(e, TimeLimitExceeded)):
+                if not (is_dead(e) or isinstance(e, TimeLimitExceeded)):
                     raise
                 continue
             cores.update(info.get("cores") or ())
@@ -340,28 +315,31 @@ class Executor:
         log.warning("training state lost with a device: rebuilding ranks %s from the checkpoint at version %d",
                     list(slot.devices), version)
 
-    def _shift_limit(self, role: Role | None) -> Any:
+    def _shift_limit(self, role: Role | None) -> Limit:
         """A shift half's limit on a device of `role` (its model's size; None: the policy's)."""
         return self.limits.of("shift", self.model_of.get(role, "policy") if role is not None else "policy")
 
     def _call_all(self, calls: dict[int, Callable[[Any], Any]], what: str, res: ShiftResult,
                   retry: Callable[[int], bool] | None, roles: dict[int, Role | None]) -> dict[int, Any]:
-        """Run one remote call per device (`calls[d](actor)`) at once, each within its shift limit
-        (`roles[d]`: the role it shifts); replace dead, failed and (inference) overdue ones, and
-        call again on the fresh actor where `retry(d)` holds. A training device past its limit,
-        or one past it again after a retry, stops the shift with `TimeLimitExceeded`."""
+        """One remote call per device (`calls[d](actor)`) at once (sharing GPUs: one at a time),
+        each within the shift limit of `roles[d]`; replace dead, failed and overdue inference
+        devices, calling again on the fresh actor where `retry(d)` holds."""
         h = self.handles(calls)
         t0 = time.monotonic()
-        refs = {d: f(h[d][0]) for d, f in calls.items()}
+        refs = {} if self.one_at_a_time else {d: f(h[d][0]) for d, f in calls.items()}
         out: dict[int, Any] = {}
-        for d, ref in refs.items():
+        for d, f in calls.items():
             limit = self._shift_limit(roles.get(d))
             try:
-                out[d] = self.limits.wait(ref, limit, what, d, t0)
+                if d in refs:
+                    out[d] = self.limits.wait(refs[d], limit, what, d, t0)
+                else:
+                    with self._one_shift_at_a_time:
+                        out[d] = self.limits.wait(f(h[d][0]), limit, what, d)
             except Exception as e:
-                if not _failed(e) or (isinstance(e, TimeLimitExceeded) and roles.get(d) not in INFERENCE_ROLES):
+                if not must_replace(e) or (isinstance(e, TimeLimitExceeded) and roles.get(d) not in INFERENCE_ROLES):
                     raise
-                self.respawn(d, _why(what, e), h[d][1])
+                self.respawn(d, death_reason(what, e), h[d][1])
                 res.dead.add(d)
                 if retry is not None and retry(d):
                     out[d] = self.limits.wait(calls[d](self.handle(d)[0]), limit, f"{what} (again, on a fresh actor)", d)
@@ -439,11 +417,9 @@ class Executor:
         admitted first, under the old weights, and be staler than the controller assumes. Each
         device reads its own node's GPS copy itself (`GPSWeights`); the driver sends only the
         version. Returns (version, one measured load per device: `{"device", "seconds", "bytes",
-        "path", "gps_version"}`, `seconds` the time its decoding stood still). A slow load is a
-        measured event within its limit (`cluster.limits.load_*`). A device that died, whose engine
-        failed the load (it shut itself down), or that ran past the limit, is respawned and
-        skipped: its sequences go back to the queue when the runtime takes that death
-        (`take_deaths`)."""
+        "path", "gps_version"}`, `seconds` the time its decoding stood still). A device that died,
+        failed the load (its engine shut itself down) or ran past the load's limit is respawned
+        and skipped: its sequences go back to the queue when the runtime takes that death."""
         weights, version = self.params.weights("policy")
         h = self.handles(d for d, r in self.serving().items() if r == Role.ROLLOUT)
         for d, (actor, _) in h.items():
@@ -455,11 +431,11 @@ class Executor:
             try:
                 ev = self.limits.wait(r, limit, "weight load (publish)", d, t0)
             except Exception as e:
-                if not _failed(e):
+                if not must_replace(e):
                     raise
                 log.warning("publish of policy version %d: device %d %s", version, d,
-                            "died" if _dead(e) else f"failed the load ({e})")
-                self.respawn(d, _why("publish", e), gen)
+                            "died" if is_dead(e) else f"failed the load ({e})")
+                self.respawn(d, death_reason("publish", e), gen)
                 continue
             if ev is not None:
                 per.append({"device": int(d), **ev})
@@ -468,8 +444,8 @@ class Executor:
     # ------------------------------------------------------------------ training (collective)
     def train_call(self, devices: tuple[int, ...], method: str, *args: Any) -> list[Any]:
         """One collective call on every training rank. A dead rank raises `TrainingRankDied`
-        naming its device (the group cannot finish the call without it); a call past its time
-        limit (`TRAIN_CALL_LIMITS`) raises `TimeLimitExceeded` naming the devices."""
+        naming its device (the group cannot finish the call without it), an overdue call
+        `TimeLimitExceeded`."""
         h = self.handles(devices)
         t0, limit = time.monotonic(), self.limits.of(TRAIN_CALL_LIMITS.get(method, "train"), "policy")
         refs = [getattr(h[d][0], method).remote(*args) for d in devices]
@@ -478,7 +454,7 @@ class Executor:
             try:
                 out.append(self.limits.wait(ref, limit, f"training {method}", list(devices), t0))
             except Exception as e:
-                if not _dead(e):
+                if not is_dead(e):
                     raise
                 dead.append(d)
         if dead:

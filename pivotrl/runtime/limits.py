@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from pivotrl.gps.store import GlobalParameterStore
 
 KINDS = ("call", "shift", "load", "train")
+#: Training calls (`Executor.train_call`) -> the kind of their limit.
+TRAIN_CALL_LIMITS = {"train_step": "train", "save_checkpoint": "train", "wait_checkpoint": "train",
+                     "load_checkpoint": "train", "publish": "load", "trainer_state": "call"}
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Time limits of the calls into device actors (`runtime/limits.py`, `cluster.limits.*`): limits
 scale with the model, and on real Ray actors whose methods hang past a small limit, an inference
 device is replaced (a death naming the limit) while a training call stops with an error naming the
-phase, the devices, the elapsed time and the key to raise."""
+phase, the devices, the elapsed time and the key to raise. On the same actors: devices sharing a
+GPU (`cluster.devices_per_gpu`) shift one at a time."""
 from __future__ import annotations
 
 import time
@@ -66,7 +67,11 @@ class Hanging:
 
     def shift_up(self, spec, weights=None, version=0):
         self._maybe_hang(f"shift_up:{spec.role.value}")
-        return ShiftTiming(spec.role.value, "up", 0.0, version=version, detail={"kv_capacity_tokens": 64.0})
+        t0 = time.time()
+        if "slow_up" in self.hang:
+            time.sleep(0.5)
+        return ShiftTiming(spec.role.value, "up", 0.0, version=version,
+                           detail={"kv_capacity_tokens": 64.0, "t0": t0, "t1": time.time()})
 
     def shift_down(self):
         self._maybe_hang("shift_down")
@@ -98,7 +103,7 @@ def ray_session():
         ray.shutdown()
 
 
-def _executor(ray, monkeypatch, hang, devices=2, shift_s=1.5):
+def _executor(ray, monkeypatch, hang, devices=2, shift_s=1.5, devices_per_gpu=1):
     import pivotrl.runtime.executor as executor
 
     cls = ray.remote(num_cpus=0, max_concurrency=4)(Hanging)
@@ -112,7 +117,8 @@ def _executor(ray, monkeypatch, hang, devices=2, shift_s=1.5):
 
     lim = Limits(LimitsConfig(call_s=1.0, shift_floor_s=shift_s, shift_s_per_gb=0.0, load_floor_s=1.0,
                               load_s_per_gb=0.0, train_floor_s=1.0, train_s_per_gb=0.0))
-    ex = executor.Executor(SimpleNamespace(spec=SimpleNamespace(num_devices=devices)), specs, params,
+    ex = executor.Executor(SimpleNamespace(spec=SimpleNamespace(num_devices=devices, devices_per_gpu=devices_per_gpu)),
+                           specs, params,
                            {Role.ROLLOUT: "policy", Role.REWARD: "genrm"})
     ex.wait_ready()  # actors start within the default limits; the tight ones apply from here
     ex.limits = lim
@@ -165,3 +171,13 @@ def test_a_training_shift_up_past_its_limit_stops_the_shift(ray_session, monkeyp
     res = ex.run_shift(ShiftPlan(Role.TRAIN, up=[Slot(Role.TRAIN, 0, 2)]))
     assert isinstance(res.error, TimeLimitExceeded) and res.error.phase == "shift_up"
     assert "cluster.limits.shift_floor_s" in str(res.error)
+
+
+@pytest.mark.parametrize("per_gpu", [1, 3])
+def test_devices_sharing_a_gpu_shift_one_at_a_time(ray_session, monkeypatch, per_gpu):
+    ex = _executor(ray_session, monkeypatch, ["slow_up"], devices=3, shift_s=30.0, devices_per_gpu=per_gpu)
+    res = ex.run_shift(ShiftPlan(Role.ROLLOUT, up=[Slot(Role.ROLLOUT, d, 1) for d in range(3)]))
+    assert res.error is None
+    spans = sorted((t["t0"], t["t1"]) for t in res.timings if t["direction"] == "up")
+    overlap = any(b0 < a1 for (_, a1), (b0, _) in zip(spans, spans[1:]))
+    assert overlap == (per_gpu == 1), spans
