@@ -20,6 +20,13 @@ def test_device_check_cpu_mode_end_to_end(tmp_path):
                           capture_output=True, text=True, timeout=900)
     logs = {p.name: p.read_text()[-2000:] for p in tmp_path.glob("*.out")}
     assert proc.returncode == 0, (proc.stdout[-3000:], logs)
+    check_cpu_results(tmp_path)
+
+
+def check_cpu_results(tmp_path: Path) -> None:
+    """What `device_check.sh --cpu` must have written into `tmp_path` (its $OUT)."""
+    from pivotrl.bench.device_check_run import DEVICES
+
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["ok"] and summary["mode"] == "cpu"
     parts = summary["parts"]
@@ -46,7 +53,7 @@ def test_device_check_cpu_mode_end_to_end(tmp_path):
         s = res["summary"]
         assert res["ok"] and res["trace"] and s["steps"] == 3 and s["policy_version"] == 3 and s["cluster"] == "ray"
         assert {t["role"] for t in res["shifts"]} >= {"rollout", "reward", "train"}
-        assert {t["device"] for t in res["shifts"]} == {0}
+        assert {t["device"] for t in res["shifts"]} == set(range(DEVICES[name.split("_")[1]]))
         assert (tmp_path / "assets" / "policy" / "config.json").is_file(), "tiny checkpoints made on the spot"
         assert "bootstrap" not in (tmp_path / f"{name}.log").read_text().lower()
 
