@@ -44,8 +44,11 @@ class Launch:
         self.run_dir = Path(run_dir)
         self.checkpoint_dir = cfg.train.checkpoints_in(self.run_dir)
         """The checkpoint folder as the driver sees it (`train.checkpoint_dir`)."""
-        self.rank_checkpoint_dir = cfg.train.checkpoint_dir or str(self.checkpoint_dir.resolve())
-        """The same folder as the trainer ranks are told it (each expands it on its own node)."""
+        raw = cfg.train.checkpoint_dir
+        if raw is not None and not raw.startswith(("/", "~", "$")):
+            raw = str(Path.cwd() / raw)  # a relative folder is the driver's, not each worker's cwd
+        self.rank_checkpoint_dir = raw or str(self.checkpoint_dir.resolve())
+        """The same folder as the trainer ranks are told it (each expands `~`, `$VAR` on its node)."""
         self._init_method: str | None = None  # the trainer's rendezvous, asked once per trainer built
         self.nodes: NodeView | None = None  # each node's own model folders (the check at start)
         self._ray_nodes: list[str] = []  # the Ray node of each node group (placement group)

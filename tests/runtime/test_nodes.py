@@ -147,3 +147,25 @@ def test_the_trainer_meets_over_tcp_at_rank_0s_node(nodes):
     finally:
         ray.kill(actor)
         cl.shutdown()
+
+
+@pytest.mark.parametrize("value, driver, ranks", [
+    (None, "{run}/checkpoints", "{run}/checkpoints"),
+    ("/shared/ck", "/shared/ck", "/shared/ck"),
+    ("ck", "ck", "{cwd}/ck"),  # a relative folder is the driver's: never each worker's own cwd
+    ('"~/ck"', "{home}/ck", "~/ck"),  # expanded by each node itself
+])
+def test_checkpoint_paths_as_the_driver_and_the_ranks_see_them(tmp_path, value, driver, ranks):
+    import os
+    from pathlib import Path
+
+    from pivotrl.config import compose_config
+    from pivotrl.config.resolve import resolve
+    from pivotrl.runtime.launch import Launch
+
+    cfg = compose_config(["cluster=local"] + ([f"train.checkpoint_dir={value}"] if value else []))
+    la = Launch(cfg, resolve(cfg), tmp_path / "p", tmp_path / "g", tmp_path)
+    fill = {"run": str(tmp_path.resolve()), "cwd": os.getcwd(), "home": os.path.expanduser("~")}
+    assert str(la.checkpoint_dir).replace(str(tmp_path), str(tmp_path.resolve())) == driver.format(**fill)
+    assert la.rank_checkpoint_dir == ranks.format(**fill)
+    assert la.for_ranks(la.checkpoint_dir / "step_00000003") == str(Path(ranks.format(**fill)) / "step_00000003")
