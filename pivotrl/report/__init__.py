@@ -5,10 +5,13 @@ summary.json): the timeline picture, the closing table, and several runs side by
   series, planner decisions (pure).
 - `plot.py`: the `timeline.png` picture drawn from that (examples: `docs/figures/timeline_local_4dev.png`,
   `docs/figures/timeline_sim_128dev.png`).
+- `trace.py`: `trace.json`, the same records as a Perfetto (Chrome trace format) trace: a track
+  per device with its role, shift halves, weight loads, training, validation, per-role load counters.
 - `table.py`: the closing table; `accuracy.py`: accuracy per step and per second (paper Fig. 15).
 - `records.py`: reading a run folder; `__main__.py`: `python -m pivotrl.report RUN_DIR [RUN_DIR ...]`.
 
-`write_timeline(run_dir)` is what `pivotrl.run` calls at the end of every run (sim, local, ray).
+`write_timeline(run_dir)` and `trace.write_trace(run_dir)` are what `pivotrl.run` calls at the end of
+every run (sim, local, ray).
 Imports no torch, Ray or vLLM.
 """
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """`python -m pivotrl.report RUN_DIR [RUN_DIR ...] [--out DIR]`.
 
 Prints each run's closing table (several runs: side by side), redraws each run's `timeline.png`
-(into its folder, or `--out/<folder>_timeline.png`), and, when runs have an accuracy per step,
+and rewrites its `trace.json` (the Perfetto trace; into its folder, or `--out/<folder>_timeline.png`
+and `--out/<folder>_trace.json`), and, when runs have an accuracy per step,
 draws `accuracy.png` (per step and per second, paper Fig. 15) into `--out` (default: the only
 run's folder, or the current directory for several). Reads only the run folders' files.
 """
@@ -17,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     from pivotrl.report.accuracy import accuracy_curves, draw_accuracy
     from pivotrl.report.records import MixedRunFolder, RunRecords
     from pivotrl.report.table import closing_rows, format_table
+    from pivotrl.report.trace import TRACE_JSON, write_trace
 
     ap = argparse.ArgumentParser(prog="python -m pivotrl.report", description=__doc__.split("\n\n")[1])
     ap.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
@@ -43,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         dest = args.out / f"{r.name}_{TIMELINE_PNG}" if args.out is not None else r.run_dir / TIMELINE_PNG
         print(f"timeline: {write_timeline(r.run_dir, dest)}")
+        dest = args.out / f"{r.name}_{TRACE_JSON}" if args.out is not None else r.run_dir / TRACE_JSON
+        print(f"trace: {write_trace(r.run_dir, dest)} (open it in ui.perfetto.dev)")
     curves = accuracy_curves(runs)
     if curves:
         out = args.out or (runs[0].run_dir if len(runs) == 1 else Path("."))

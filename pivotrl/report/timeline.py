@@ -79,6 +79,11 @@ class Shift:
     down: tuple[str, ...]
     devices: tuple[int, ...]
     penalty: float
+    halves: tuple[float, float] | None = None
+    """(down seconds, up seconds) as the completing `allocation` record measured them."""
+    timings: tuple[dict[str, Any], ...] = ()
+    """Each device's own half, as the real runtimes' `shift_timing` record gives them: `{device,
+    role, direction, seconds, cold, ...}` (none in the simulator)."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,9 @@ class Timeline:
     decisions: list[Decision]
     deaths: list[tuple[float, int]]
     """(time, device)."""
+    records: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    """Every timeline record with its time on the run's clock (resumed segments shifted like the
+    rest), in file order: what the run's trace (`trace.py`) draws its other spans from."""
 
     def device_intervals(self, device: int) -> list[Interval]:
         return [iv for iv in self.intervals if iv.device == device]
@@ -284,6 +292,7 @@ class _Builder:
         self.deaths: list[tuple[float, int]] = []
         self.thr = {r: {"actual": Series(), "modelled": Series()} for r in SERIES_ROLES}
         self.samples = False  # `throughput` records seen: they are the series
+        self.records: list[tuple[float, dict[str, Any]]] = []
 
     def feed(self, rec: dict[str, Any]) -> None:
         kind = rec.get("kind")
@@ -294,6 +303,7 @@ class _Builder:
             self.seg_max = max(self.seg_max, raw)
         t = raw + self.offsets[-1] if raw is not None else self.last_t
         self.last_t = max(self.last_t, t)
+        self.records.append((t, rec))
         if kind == "shift":
             self._shift(rec, t)
         elif kind == "shift_timing":
@@ -332,11 +342,13 @@ class _Builder:
     def _allocation(self, rec: dict[str, Any], t: float) -> None:
         secs = sum(x for x in (number(s) for s in rec.get("shift_seconds") or []) if x is not None)
         o = _match(self.open, t, secs, self.timing)
-        self.timing = None
+        timing, self.timing = self.timing, None
         if o is None:
             return  # an allocation no plan explains (a file cut mid-run): nothing to move
         self.open.remove(o)
-        self.shifts.append((o.seq, _shift(o, t)))
+        halves = [number(x) for x in rec.get("shift_seconds") or []]
+        self.shifts.append((o.seq, _shift(o, t, tuple(halves) if len(halves) == 2 and None not in halves else None,
+                                          (timing or {}).get("devices") or ())))
         busy = {d for p in self.open for d in p.devices}
         role_up = str(o.rec.get("role_up"))
         for d in o.devices:
@@ -391,13 +403,15 @@ class _Builder:
         self.shifts.sort(key=lambda x: x[0])
         return Timeline(num_devices=self.devs.n, end=end, intervals=self.devs.close(end),
                         shifts=[x[1] for x in self.shifts], steps=steps, training=training,
-                        throughput=self.thr, decisions=self.decisions, deaths=self.deaths)
+                        throughput=self.thr, decisions=self.decisions, deaths=self.deaths, records=self.records)
 
 
-def _shift(o: _Open, end: float | None) -> Shift:
+def _shift(o: _Open, end: float | None, halves: tuple[float, float] | None = None,
+           timings: Iterable[Any] = ()) -> Shift:
     r = o.rec
     return Shift(start=o.start, end=end, role_up=str(r.get("role_up")), up=tuple(r.get("up") or ()),
-                 down=tuple(r.get("down") or ()), devices=o.devices, penalty=number(r.get("penalty")) or 0.0)
+                 down=tuple(r.get("down") or ()), devices=o.devices, penalty=number(r.get("penalty")) or 0.0,
+                 halves=halves, timings=tuple(x for x in timings if isinstance(x, dict)))
 
 
 def _match(open_: list[_Open], t: float, secs: float, timing: dict[str, Any] | None) -> _Open | None:

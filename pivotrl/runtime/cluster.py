@@ -6,7 +6,12 @@ custom resource `pivot_device` per virtual device (`start_cluster` starts Ray wi
 resource of a running cluster. Both reserve devices the same way: one placement group per node of
 `node_size` devices (`STRICT_PACK`, so a TP replica's devices share a Ray node), one bundle per
 device. Device `d` is bundle `d % node_size` of group `d // node_size`. The device actors
-(`device.py`) are scheduled onto these bundles and never onto anything else.
+(`device.py`) are scheduled onto these bundles and never onto anything else. On `cluster=ray`,
+`devices_per_gpu` > 1 makes several devices share one GPU (each bundle and actor takes that
+fraction of it; Ray gives every one of them that GPU): one GPU can then hold a run that needs a
+device per role, as the device check's pivot run does; the executor serialises the devices'
+shifts so that no two engines start on the GPU at once (vLLM sizes its KV cache from the memory it
+finds free while it starts).
 
 Knows nothing about roles, engines or the control plane.
 
@@ -85,6 +90,8 @@ class ClusterSpec:
     connect_timeout_s: float = 30.0
     """Seconds to wait for the head at `address` before failing with how to start one."""
     declare_gpus: bool = False
+    devices_per_gpu: int = 1
+    """`kind=ray`: devices sharing one GPU (each takes 1/devices_per_gpu of it)."""
     """`kind=ray`, `address=local`: declare `num_devices` GPUs on the private head (a CPU machine
     running the ray path with vLLM's CPU build and gloo, `cluster.accelerator=cpu`)."""
 
@@ -99,6 +106,19 @@ class ClusterSpec:
             raise ValueError(f"cluster.threads_per_device must be >= 1, got {self.threads_per_device}")
         if self.address == "auto":
             raise ValueError(AUTO_REFUSED)
+        if self.devices_per_gpu < 1 or (self.devices_per_gpu > 1 and self.kind != "ray"):
+            raise ValueError(f"cluster.devices_per_gpu={self.devices_per_gpu}: allowed 1, or > 1 with cluster=ray "
+                             f"(devices sharing a GPU); cluster={self.kind}")
+
+    @property
+    def per_device(self) -> float:
+        """How much of its resource one device takes (a fraction of a GPU when devices share one)."""
+        return 1.0 / self.devices_per_gpu
+
+    @property
+    def resources_needed(self) -> float:
+        """Units of `resource` the devices take in all (GPUs when they share them)."""
+        return float(-(-self.num_devices // self.devices_per_gpu))
 
     @property
     def resource(self) -> str:
@@ -123,7 +143,8 @@ class ClusterSpec:
                    threads_per_device=int(getattr(cluster_cfg, "threads_per_device", 1)),
                    address=getattr(cluster_cfg, "address", None),
                    connect_timeout_s=float(getattr(cluster_cfg, "connect_timeout_s", 30.0)),
-                   declare_gpus=str(kind) == "ray" and accel == "cpu")
+                   declare_gpus=str(kind) == "ray" and accel == "cpu",
+                   devices_per_gpu=int(getattr(cluster_cfg, "devices_per_gpu", 1)))
 
 
 def cores_for_device(local_index: int, threads: int, available: list[int] | None = None) -> list[int] | None:
@@ -184,7 +205,7 @@ class Cluster:
         purpose (their thread budget and pinning are set inside the actor, `device.py`)."""
         opts: dict[str, Any] = {"num_cpus": 0, "scheduling_strategy": self.scheduling_strategy(device)}
         if self.resource == "GPU":
-            opts["num_gpus"] = 1
+            opts["num_gpus"] = self.spec.per_device
         else:
             opts["resources"] = {self.resource: 1}
         return opts
@@ -305,7 +326,7 @@ def _init_ray(spec: ClusterSpec) -> tuple[bool, str | None, Any]:
     if spec.kind == "local":
         res["resources"] = {DEVICE_RESOURCE: float(spec.num_devices)}
     elif spec.declare_gpus:
-        res["num_gpus"] = spec.num_devices
+        res["num_gpus"] = int(spec.resources_needed)
     from pivotrl.runtime.reaper import Reaper, children
 
     before = children(os.getpid()) if os.path.exists("/proc/self/stat") else set()
@@ -335,13 +356,14 @@ def start_cluster(spec: ClusterSpec) -> Cluster:
         log.info("cluster: Ray at %s (%s)", cluster.address,
                  "a private head of this run" if temp_dir else "joined" if started else "already connected")
         have = ray.cluster_resources().get(spec.resource, 0.0)
-        if have < spec.num_devices:
+        if have < spec.resources_needed:
+            shared = f" ({spec.devices_per_gpu} per GPU)" if spec.devices_per_gpu > 1 else ""
             raise ClusterResourceError(
-                f"cluster.num_devices={spec.num_devices} devices requested, but the Ray cluster has only "
+                f"cluster.num_devices={spec.num_devices} devices{shared} requested, but the Ray cluster has only "
                 f"{have:g} '{spec.resource}' resources")
         for node in range(spec.num_nodes):
             devs = spec.node_devices(node)
-            bundle: dict[str, float] = {spec.resource: 1.0}
+            bundle: dict[str, float] = {spec.resource: spec.per_device}
             pg = placement_group([dict(bundle) for _ in devs], strategy="STRICT_PACK",
                                  name=f"pivotrl-node{node}")
             cluster.placement_groups.append(pg)

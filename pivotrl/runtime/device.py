@@ -131,6 +131,27 @@ class DeviceWorker:
     def ping(self) -> int:
         return self.device
 
+    def stall(self, seconds: float) -> bool:
+        """Hold the step lock for `seconds` on a thread of its own, as an engine call stuck inside
+        this device would (a hung RPC or collective): every call that needs the lock waits behind
+        it. Back once the lock is held. For the fault tests of the time limits (`faults.stall_at`)."""
+        held = threading.Event()
+
+        def body() -> None:
+            with self._step_lock:
+                held.set()
+                time.sleep(seconds)
+
+        threading.Thread(target=body, name=f"device{self.device}-stall", daemon=True).start()
+        return held.wait(timeout=60)
+
+    def rendezvous(self) -> str:
+        """`tcp://ip:port` on this device's node, the port free now: the process-group address of
+        a trainer whose rank 0 is this device (`nodes.tcp_rendezvous`)."""
+        from pivotrl.runtime.nodes import tcp_rendezvous
+
+        return tcp_rendezvous()
+
     # ------------------------------------------------------------------ role shifts
     def shift_up(self, spec: RoleSpec, weights: Weights = None, version: int = 0) -> ShiftTiming:
         """Make `spec.role` the active role (reusing its preserved context if this device held
@@ -304,15 +325,20 @@ class DeviceWorker:
 
     def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None, blocking: bool = True) -> str | None:
         """Collective. `blocking=False`: back once the state is staged in host memory, the write
-        goes on in the background (`wait_checkpoint`)."""
-        return self._trainer().save_checkpoint(path, extra, blocking=blocking)
+        goes on in the background (`wait_checkpoint`). `path` as configured: `~` and `$VAR`
+        are this node's (`train.checkpoint_dir`)."""
+        from pivotrl.config.run import expand_path
+
+        return self._trainer().save_checkpoint(expand_path(path), extra, blocking=blocking)
 
     def wait_checkpoint(self, timeout_s: float | None = None) -> str | None:
         """The checkpoint write in flight, finished (its folder), or None if none was."""
         return self._trainer().wait_checkpoint(timeout_s)
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
-        return self._trainer().load_checkpoint(path)
+        from pivotrl.config.run import expand_path
+
+        return self._trainer().load_checkpoint(expand_path(path))
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:

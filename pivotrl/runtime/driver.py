@@ -79,6 +79,7 @@ class DeviceDriver:
         self.results: queue.Queue[ShiftResult | TrainingResult | ThreadFailed] = queue.Queue()
         self.polls: dict[int, Any] = {}
         self.poll_gen: dict[int, int] = {}
+        self.poll_since: dict[int, float] = {}  # when each outstanding poll was sent (its time limit)
         self.threads: list[threading.Thread] = []
         self.deferred: list[tuple[Role, int, Completion]] = []  # (role, device, completion)
         self.recorded_recoveries: list[dict[str, Any]] = []
@@ -114,6 +115,7 @@ class DeviceDriver:
             if d not in self.polls:
                 actor, self.poll_gen[d] = self.ex.handle(d)
                 self.polls[d] = actor.poll.remote(self.cl.poll_s)
+                self.poll_since[d] = time.monotonic()
         refs = list(self.polls.values())
         if refs:
             ready, _ = ray.wait(refs, num_returns=1, timeout=self.cl.poll_s)
@@ -126,6 +128,7 @@ class DeviceDriver:
                 yield from self._on_poll(d, ref)
         else:
             time.sleep(self.cl.poll_s)
+        self._overdue_polls()
         while True:
             try:
                 item = self.results.get_nowait()
@@ -144,6 +147,17 @@ class DeviceDriver:
         return (not self.polls and not self.threads and self.results.empty() and not self.ledger.running()
                 and not self.ex.submits.pending()
                 and not self.deferred and not self.to_retire and not any(r in INFERENCE_ROLES for r in self.ex.role_of.values()))
+
+    def _overdue_polls(self) -> None:
+        """A poll not back within `cluster.poll_s + cluster.limits.call_s` means a hung device
+        (its engine stuck inside a call): it is replaced like a dead one (`Executor.respawn`), and
+        its sequences go back to the queue when that death is taken."""
+        limit = float(self.cl.poll_s) + float(self.cl.limits.call_s)
+        now = time.monotonic()
+        for d in [d for d in self.polls if now - self.poll_since.get(d, now) > limit]:
+            del self.polls[d]
+            self.ex.respawn(d, f"poll: no reply within cluster.poll_s + cluster.limits.call_s = {limit:g}s "
+                               f"(ran {now - self.poll_since.pop(d):.1f}s)", self.poll_gen.get(d))
 
     def _on_poll(self, d: int, ref: ray.ObjectRef) -> Iterator[Event]:
         import ray

@@ -25,6 +25,8 @@ Owns (parameters for shift up come from `params.ParamSource`, the GPS):
   from the base model.
 - Crash loops: a device that died more than `max_respawns` times within `respawn_window_s` is
   flagged (`Death.crash_loop`); the runtime then `retire`s it (it leaves the pool).
+- Time limits (`limits.py`): an inference device past its call's limit is replaced as a dead one
+  is; a training call past it, or a device past it twice in one shift, raises `TimeLimitExceeded`.
 
 - Replicas of several devices (`tp` > 1): the slot's first device runs the engine across the
   slot (`roles.EnginePlacement`, read from the device actors' cores and accelerator ids at shift
@@ -35,6 +37,7 @@ Knows nothing about the deployment modes: it executes what the controller decide
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -45,8 +48,10 @@ from pivotrl.core.dispatch import Move
 from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
 from pivotrl.runtime.device import spawn_device
 from pivotrl.runtime.faults import point
-from pivotrl.runtime.outcomes import (Death, MoveResult, ShiftResult, TrainingRankDied, TrainingStateLost,
-                                      measured_shift_seconds)
+from pivotrl.runtime.limits import TRAIN_CALL_LIMITS, Limit, Limits
+from pivotrl.runtime.outcomes import (Death, MoveResult, ShiftResult, TimeLimitExceeded, TrainingRankDied,
+                                      TrainingStateLost, death_reason, is_dead, measured_shift_seconds,
+                                      must_replace)
 from pivotrl.runtime.roles import EnginePlacement, RoleSpec, ShiftTiming
 from pivotrl.runtime.submits import Submits
 
@@ -57,29 +62,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-
-def _dead(exc: BaseException) -> bool:
-    """The actor is gone (its process died, or Ray lost it)."""
-    import ray
-
-    return isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError))
-
-
-def _failed(exc: BaseException) -> bool:
-    """The actor is dead, or its engine failed a wake or a load and shut itself down
-    (`EngineFailedError`): either way the device must be replaced, never left serving."""
-    from pivotrl.engines.errors import EngineFailedError
-
-    return _dead(exc) or isinstance(exc, EngineFailedError) or isinstance(getattr(exc, "cause", None), EngineFailedError)
-
-
 class Executor:
     """Executes moves and shift plans on the device actors of one cluster."""
 
     def __init__(self, cluster: Cluster, specs: Callable[[Slot, int], RoleSpec], params: ParamSource,
                  model_of: dict[Role, str], max_respawns: int = 3, respawn_window_s: float = 600.0,
-                 train_recovery: Callable[[int], None] | None = None) -> None:
+                 train_recovery: Callable[[int], None] | None = None, limits: Limits | None = None) -> None:
         self.cluster = cluster
+        self.limits = limits if limits is not None else Limits()
+        """The time limit of every call into a device actor (the defaults' floors when not given)."""
+        # devices sharing GPUs (`cluster.devices_per_gpu`): every shift call (of any plan, and
+        # re-hosts) runs alone, so no two engines start on a GPU at once (cluster.py says why)
+        self.one_at_a_time = getattr(cluster.spec, "devices_per_gpu", 1) > 1
+        self._one_shift_at_a_time = threading.Lock()
         self.max_respawns, self.respawn_window_s = int(max_respawns), float(respawn_window_s)
         self.train_recovery = train_recovery
         """Called with the policy's version when a trainer rank's state was lost: point the role
@@ -102,13 +97,13 @@ class Executor:
         self.train_state_lost = False
         self.recoveries: list[dict[str, Any]] = []
         self._lock = threading.Lock()
-        self.submits = Submits(self, _dead)
+        self.submits = Submits(self, lambda e: is_dead(e) or isinstance(e, TimeLimitExceeded))
 
     # ------------------------------------------------------------------ devices
     def wait_ready(self) -> list[dict[str, Any]]:
-        import ray
-
-        return ray.get([a.info.remote() for a in self.actors.values()])
+        """Every device actor's `info`, once all have started (within a shift's limit)."""
+        return self.limits.get([a.info.remote() for a in self.actors.values()], "shift", "device actors starting",
+                               list(self.actors))
 
     def handle(self, device: int) -> tuple[Any, int]:
         """`device`'s current actor and its generation, read together (a respawn on another thread
@@ -202,17 +197,16 @@ class Executor:
         device, else a member of the replica. False when it died again on the way: it is
         respawned, and that death carries `slot`, so taking it re-hosts once more (bounded: a
         crash loop leaves the pool)."""
-        import ray
-
         actor, gen = self.handle(device)
         call = self._ups(slot, only=device)[device]
         point("rehost", device, actor)
         try:
-            ray.get(call(actor))
+            with self._one_shift_at_a_time if self.one_at_a_time else contextlib.nullcontext():
+                self.limits.wait(call(actor), self._shift_limit(slot.role), "re-host (shift up)", device)
         except Exception as e:
-            if not _failed(e):
+            if not must_replace(e):
                 raise
-            self.respawn(device, f"re-host: {type(e).__name__}", gen, slot=slot)
+            self.respawn(device, death_reason("re-host", e), gen, slot=slot)
             return False
         with self._lock:
             self.role_of[device] = slot.role
@@ -222,10 +216,9 @@ class Executor:
 
     # ------------------------------------------------------------------ moves
     def execute_moves(self, role: Role, moves: list[Move], request_for: Callable[[Role, int], Any]) -> MoveResult:
-        """Aborts (batched per replica, in parallel, waited for), then assigns: buffered per
-        replica and sent by the next `submits.flush` without waiting (`submits.py`)."""
-        import ray
-
+        """Aborts (batched per replica, in parallel, waited for within `cluster.limits.call_s`),
+        then assigns: buffered per replica and sent by the next `submits.flush` without waiting
+        (`submits.py`); a dead or overdue device is replaced."""
         res = MoveResult()
         aborts: dict[int, list[int]] = {}
         assigns: dict[int, list[int]] = {}
@@ -238,13 +231,14 @@ class Executor:
         reach = [d for d in aborts if self.reachable(d)]
         self.submits.settle(reach)  # an abort must not overtake a submit (`submits.py`: Order)
         refs = {d: h[d][0].abort.remote(aborts[d]) for d in reach}
+        t0, limit = time.monotonic(), self.limits.of("call")
         for d, ref in refs.items():
             try:
-                out = ray.get(ref)
+                out = self.limits.wait(ref, limit, "abort", d, t0)
             except Exception as e:
-                if not _dead(e):
+                if not (is_dead(e) or isinstance(e, TimeLimitExceeded)):
                     raise
-                self.respawn(d, f"abort: {type(e).__name__}", h[d][1])
+                self.respawn(d, death_reason("abort", e), h[d][1])
                 res.dead.add(d)
                 continue
             res.aborted.update(out.aborted)
@@ -283,15 +277,13 @@ class Executor:
     def _placement(self, s: Slot) -> EnginePlacement:
         """The cores and accelerator ids of every device of `s`, as their actors report them (a
         dead one adds none: its shift up finds it dead and respawns it)."""
-        import ray
-
         cores: set[int] = set()
         ids: list[str] = []
         for d, (actor, _) in self.handles(s.devices).items():
             try:
-                info = ray.get(actor.info.remote())
-            except Exception as e:
-                if not _dead(e):
+                info = self.limits.get(actor.info.remote(), "call", "info", d)
+            except Exception as e:  # a hung one: its shift up runs past its limit and replaces it
+                if not (is_dead(e) or isinstance(e, TimeLimitExceeded)):
                     raise
                 continue
             cores.update(info.get("cores") or ())
@@ -301,15 +293,14 @@ class Executor:
     def _recover_training(self, slot: Slot) -> None:
         """A trainer rank's state died: rebuild every rank of `slot` from the checkpoint at the
         policy's current version (the launch's `train_recovery` points the specs at it, or raises)."""
-        import ray
-
         version = self.params.version("policy")
         if self.train_recovery is None:
             raise TrainingStateLost(f"a trainer rank's state was lost with its device at policy version "
                                     f"{version}, and this executor has no checkpoint to rebuild it from")
         self.train_recovery(version)
         survivors = sorted(self.train_ranks)
-        ray.get([actor.drop_role.remote(Role.TRAIN.value) for actor, _ in self.handles(survivors).values()])
+        self.limits.get([actor.drop_role.remote(Role.TRAIN.value) for actor, _ in self.handles(survivors).values()],
+                        "call", "dropping the lost trainer's ranks", survivors)
         self.train_ranks.clear()
         for d in slot.devices:
             if self.role_of.get(d) == Role.TRAIN:
@@ -319,25 +310,34 @@ class Executor:
         log.warning("training state lost with a device: rebuilding ranks %s from the checkpoint at version %d",
                     list(slot.devices), version)
 
-    def _call_all(self, calls: dict[int, Callable[[Any], Any]], what: str, res: ShiftResult,
-                  retry: Callable[[int], bool] | None) -> dict[int, Any]:
-        """Run one remote call per device (`calls[d](actor)`) at once; respawn dead ones, and
-        call again on the fresh actor where `retry(d)` holds."""
-        import ray
+    def _shift_limit(self, role: Role | None) -> Limit:
+        """A shift half's limit on a device of `role` (its model's size; None: the policy's)."""
+        return self.limits.of("shift", self.model_of.get(role, "policy") if role is not None else "policy")
 
+    def _call_all(self, calls: dict[int, Callable[[Any], Any]], what: str, res: ShiftResult,
+                  retry: Callable[[int], bool] | None, roles: dict[int, Role | None]) -> dict[int, Any]:
+        """One remote call per device (`calls[d](actor)`) at once (sharing GPUs: one at a time),
+        each within the shift limit of `roles[d]`; replace dead, failed and overdue inference
+        devices, calling again on the fresh actor where `retry(d)` holds."""
         h = self.handles(calls)
-        refs = {d: f(h[d][0]) for d, f in calls.items()}
+        t0 = time.monotonic()
+        refs = {} if self.one_at_a_time else {d: f(h[d][0]) for d, f in calls.items()}
         out: dict[int, Any] = {}
-        for d, ref in refs.items():
+        for d, f in calls.items():
+            limit = self._shift_limit(roles.get(d))
             try:
-                out[d] = ray.get(ref)
+                if d in refs:
+                    out[d] = self.limits.wait(refs[d], limit, what, d, t0)
+                else:
+                    with self._one_shift_at_a_time:
+                        out[d] = self.limits.wait(f(h[d][0]), limit, what, d)
             except Exception as e:
-                if not _failed(e):
+                if not must_replace(e) or (isinstance(e, TimeLimitExceeded) and roles.get(d) not in INFERENCE_ROLES):
                     raise
-                self.respawn(d, f"{what}: {type(e).__name__}", h[d][1])
+                self.respawn(d, death_reason(what, e), h[d][1])
                 res.dead.add(d)
                 if retry is not None and retry(d):
-                    out[d] = ray.get(calls[d](self.handle(d)[0]))
+                    out[d] = self.limits.wait(calls[d](self.handle(d)[0]), limit, f"{what} (again, on a fresh actor)", d)
         return out
 
     def run_shift(self, plan: ShiftPlan) -> ShiftResult:
@@ -349,7 +349,8 @@ class Executor:
                 for d in s.devices:
                     point("shift_down", d, self.handle(d)[0])
             downs = {d: (lambda actor: actor.shift_down.remote()) for s in plan.down for d in s.devices}
-            timings = self._call_all(downs, "shift_down", res, retry=None)
+            timings = self._call_all(downs, "shift_down", res, retry=None,
+                                     roles={d: s.role for s in plan.down for d in s.devices})
             t1 = time.perf_counter()
             with self._lock:
                 for d in downs:
@@ -366,13 +367,14 @@ class Executor:
                 ups.update(self._ups(s))
             inference = {d for s in plan.up if s.role in INFERENCE_ROLES for d in s.devices}
             dead_before_up = set(res.dead)  # those died in the shift down: respawned, then shifted up whole
-            up_t = self._call_all(ups, "shift_up", res, retry=inference.__contains__)
+            up_roles = {d: s.role for s in plan.up for d in s.devices}
+            up_t = self._call_all(ups, "shift_up", res, retry=inference.__contains__, roles=up_roles)
             for s in train_up:
                 if any(d in res.dead - dead_before_up for d in s.devices):
                     self.train_state_lost = True  # also a cold first build: its group is incomplete
                 if self.train_state_lost:  # a rank died in this shift: rebuild all from the checkpoint
                     self._recover_training(s)
-                    up_t.update(self._call_all(self._ups(s), "shift_up", res, retry=None))
+                    up_t.update(self._call_all(self._ups(s), "shift_up", res, retry=None, roles=up_roles))
             t2 = time.perf_counter()
             for s in plan.up:
                 with self._lock:
@@ -411,27 +413,25 @@ class Executor:
         admitted first, under the old weights, and be staler than the controller assumes. Each
         device reads its own node's GPS copy itself (`GPSWeights`); the driver sends only the
         version. Returns (version, one measured load per device: `{"device", "seconds", "bytes",
-        "path", "gps_version"}`, `seconds` the time its decoding stood still). No timeout: a slow
-        load is a measured event. A device that died, or whose engine failed the load (it shut
-        itself down), is respawned and skipped: its sequences go back to the queue when the
-        runtime takes that death (`take_deaths`)."""
-        import ray
-
+        "path", "gps_version"}`, `seconds` the time its decoding stood still). A device that died,
+        failed the load (its engine shut itself down) or ran past the load's limit is respawned
+        and skipped: its sequences go back to the queue when the runtime takes that death."""
         weights, version = self.params.weights("policy")
         h = self.handles(d for d, r in self.serving().items() if r == Role.ROLLOUT)
         for d, (actor, _) in h.items():
             point("publish", d, actor)
+        t0, limit = time.monotonic(), self.limits.of("load", "policy")
         refs = {d: (actor.load_weights.remote(weights, version), gen) for d, (actor, gen) in h.items()}
         per: list[dict[str, Any]] = []
         for d, (r, gen) in refs.items():
             try:
-                ev = ray.get(r)
+                ev = self.limits.wait(r, limit, "weight load (publish)", d, t0)
             except Exception as e:
-                if not _failed(e):
+                if not must_replace(e):
                     raise
                 log.warning("publish of policy version %d: device %d %s", version, d,
-                            "died" if _dead(e) else f"failed the load ({e})")
-                self.respawn(d, f"publish: {type(e).__name__}", gen)
+                            "died" if is_dead(e) else f"failed the load ({e})")
+                self.respawn(d, death_reason("publish", e), gen)
                 continue
             if ev is not None:
                 per.append({"device": int(d), **ev})
@@ -440,17 +440,17 @@ class Executor:
     # ------------------------------------------------------------------ training (collective)
     def train_call(self, devices: tuple[int, ...], method: str, *args: Any) -> list[Any]:
         """One collective call on every training rank. A dead rank raises `TrainingRankDied`
-        naming its device (the group cannot finish the call without it)."""
-        import ray
-
+        naming its device (the group cannot finish the call without it), an overdue call
+        `TimeLimitExceeded`."""
         h = self.handles(devices)
+        t0, limit = time.monotonic(), self.limits.of(TRAIN_CALL_LIMITS.get(method, "train"), "policy")
         refs = [getattr(h[d][0], method).remote(*args) for d in devices]
         out, dead = [], []
         for d, ref in zip(devices, refs):
             try:
-                out.append(ray.get(ref))
+                out.append(self.limits.wait(ref, limit, f"training {method}", list(devices), t0))
             except Exception as e:
-                if not _dead(e):
+                if not is_dead(e):
                     raise
                 dead.append(d)
         if dead:

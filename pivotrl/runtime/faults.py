@@ -8,9 +8,11 @@ training-home device holding the trainer's offloaded state was lent to inference
 respawned device is re-hosted (`PHASES`). With no hook installed
 (every real run) `point` returns at once. A test installs one with `set_hook(fn)`; `fn(phase,
 device, actor)` runs synchronously in the loop, so a kill it makes lands exactly at that phase.
-Two such hooks: `kill_at` kills one device once (deterministic kill tests), `Chaos` kills a
-device every N seconds, cycling through the phases (`python -m pivotrl.bench chaos`). Each kill
-waits until Ray reports the actor dead (`kill_device`).
+Three such hooks: `kill_at` kills one device once (deterministic kill tests), `Chaos` kills a
+device every N seconds, cycling through the phases (`python -m pivotrl.bench chaos`); each kill
+waits until Ray reports the actor dead (`kill_device`). `stall_at` makes a device hang instead,
+holding its step lock as a stuck engine call would, so the call that follows runs into its time
+limit (`cluster.limits.*`).
 """
 from __future__ import annotations
 
@@ -128,3 +130,21 @@ class Chaos:
         self._turn += 1
         self._skip = self.rng.randint(0, 2)
         self._due = time.monotonic() - self._t0 + self.every_s
+
+
+def stall_at(phase: str, device: int, seconds: float, times: int = 1) -> Callable:
+    """A hook that, the first `times` times `phase` is reached for `device`, makes that device's
+    actor hold its step lock for `seconds` (`DeviceWorker.stall`) before the call goes on: the
+    call then waits behind a hung device. `fired` lists the (phase, device) it stalled."""
+    _check_phases((phase,))
+
+    def hook(ph: str, dev: int, actor: Any) -> None:
+        if ph != phase or dev != device or len(hook.fired) >= times:
+            return
+        import ray
+
+        ray.get(actor.stall.remote(seconds), timeout=60)
+        hook.fired.append((ph, dev))
+
+    hook.fired = []
+    return hook

@@ -1,6 +1,13 @@
-"""The devices of a real run: the Ray cluster, the device actors (through the executor), the GPS
-holding the policy and the frozen GenRM (a Ray store on the cluster's nodes: `params.py`), the
-checkpoint a resume starts from, and teardown.
+"""The devices of a real run: the Ray cluster, the check of its nodes (`nodes.py`), the device
+actors (through the executor), the GPS holding the policy and the frozen GenRM (a Ray store on the
+cluster's nodes: `params.py`), the checkpoint a resume starts from, the trainer's rendezvous, and
+teardown.
+
+Nothing assumes a shared filesystem but `train.checkpoint_dir`, and that is checked at start:
+before any engine starts, every node writes into it and the driver reads that back, and every node
+resolves the model folders it will open (a device then opens its own node's folder). The trainer's
+ranks meet over TCP at rank 0's node address and a port free there (`DeviceWorker.rendezvous`),
+asked again for every trainer built (a rebuild after a lost rank gets a fresh port).
 
 `cluster=local` and `cluster=ray` differ only here, in how the cluster starts (`cluster.py`: a
 private Ray instance with virtual devices, or a running cluster's GPUs) and in the accelerator
@@ -10,16 +17,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pivotrl.core.types import Role, Slot
 from pivotrl.runtime.roles import RoleSpec
 
 if TYPE_CHECKING:
     from pivotrl.config import PivotConfig
+    from pivotrl.runtime.nodes import ModelSource, NodeView
     from pivotrl.config.resolve import Resolved
     from pivotrl.runtime.cluster import Cluster
     from pivotrl.runtime.executor import Executor
@@ -35,8 +41,16 @@ class Launch:
         self.cfg, self.r = cfg, resolved
         self.policy_path, self.genrm_path = Path(policy_path), Path(genrm_path)
         self.run_dir = Path(run_dir)
-        self.checkpoint_dir = self.run_dir / "checkpoints"
-        self._pg_file = self.run_dir / f".pg_init_{os.getpid()}_{time.time_ns()}"
+        self.checkpoint_dir = cfg.train.checkpoints_in(self.run_dir)
+        """The checkpoint folder as the driver sees it (`train.checkpoint_dir`)."""
+        raw = cfg.train.checkpoint_dir
+        if raw is not None and not raw.startswith(("/", "~", "$")):
+            raw = str(Path.cwd() / raw)  # a relative folder is the driver's, not each worker's cwd
+        self.rank_checkpoint_dir = raw or str(self.checkpoint_dir.resolve())
+        """The same folder as the trainer ranks are told it (each expands `~`, `$VAR` on its node)."""
+        self._init_method: str | None = None  # the trainer's rendezvous, asked once per trainer built
+        self.nodes: NodeView | None = None  # each node's own model folders (the check at start)
+        self._ray_nodes: list[str] = []  # the Ray node of each node group (placement group)
         self.cluster: Cluster | None = None
         self.executor: Executor | None = None
         self.params: ParamSource | None = None
@@ -48,10 +62,15 @@ class Launch:
         devices."""
         from pivotrl.runtime.cluster import ClusterSpec, start_cluster
         from pivotrl.runtime.executor import Executor
+        from pivotrl.runtime.limits import Limits
+        from pivotrl.runtime.nodes import check_nodes
         from pivotrl.runtime.params import ParamSource
 
         self.cluster = start_cluster(ClusterSpec.from_config(self.cfg.cluster, self.r.num_devices))
-        self.params = ParamSource.create(self.cfg.cluster.gps, self.cluster.ray_node_ids())
+        self._ray_nodes = self.cluster.ray_node_ids()
+        self.nodes = check_nodes(self._ray_nodes, self.rank_checkpoint_dir, self.model_sources(),
+                                 float(self.cfg.cluster.limits.call_s))
+        self.params = ParamSource.create(self.cfg.cluster.gps, self._ray_nodes)
         self.params.register_hf("policy", str(self.policy_path), frozen=False)
         self.params.register_hf("genrm", str(self.genrm_path), frozen=True)
         if bool(self.cfg.train.resume):
@@ -59,8 +78,41 @@ class Launch:
         cl = self.cfg.cluster
         self.executor = Executor(self.cluster, self.role_spec, self.params, {Role.ROLLOUT: "policy", Role.REWARD: "genrm"},
                                  max_respawns=int(cl.max_respawns), respawn_window_s=float(cl.respawn_window_s),
-                                 train_recovery=self.recover_training)
+                                 train_recovery=self.recover_training,
+                                 limits=Limits.of_store(cl.limits, self.params.store, {"policy", "genrm"}))
         self.executor.wait_ready()
+
+    def model_sources(self) -> list[ModelSource]:
+        """The model folders every node must open (`nodes.check_nodes`): the user's `hf_path`s as
+        configured (each node resolves them itself), or the bootstrapped tiny models' folders."""
+        from pivotrl.runtime.nodes import ModelSource
+
+        m = self.cfg.models
+        if m.policy.hf_path and m.genrm.hf_path:
+            return [ModelSource(role, f"models.{role}.hf_path", str(getattr(m, role).hf_path),
+                                need_chat_template=getattr(m, role).chat.chat_template is None)
+                    for role in ("policy", "genrm")]
+        return [ModelSource("policy", "models.bootstrap.cache_dir", str(self.policy_path)),
+                ModelSource("genrm", "models.bootstrap.cache_dir", str(self.genrm_path))]
+
+    def model_path_on(self, device: int, model: str) -> str:
+        """The folder of `model` as `device`'s node resolved it (the driver's when unchecked)."""
+        if self.nodes is None:
+            return str(self.policy_path if model == "policy" else self.genrm_path)
+        return self.nodes.model_path(self._ray_nodes[self.cluster.node_of(device)], model)
+
+    def for_ranks(self, path: Path) -> str:
+        """A path under the driver's checkpoint folder as the trainer ranks are told it."""
+        return str(Path(self.rank_checkpoint_dir) / Path(path).relative_to(self.checkpoint_dir))
+
+    def rendezvous(self, rank0: int) -> str:
+        """The trainer's process-group address: rank 0's node and a port free there, asked of
+        device `rank0`'s actor once per trainer built (`recover_training` forgets it)."""
+        if self._init_method is None:
+            actor, _ = self.executor.handle(rank0)
+            self._init_method = self.executor.limits.get(actor.rendezvous.remote(), "call", "rendezvous",
+                                                         rank0)
+        return self._init_method
 
     def _find_checkpoint(self) -> None:
         """`train.resume=true`: continue from the newest complete checkpoint in the run folder."""
@@ -101,25 +153,26 @@ class Launch:
                     f"train.checkpoint_every={self.cfg.train.checkpoint_every}): the run stops rather than "
                     f"train on from a wrong version; {self.resume_hint()}")
             self.resume_path = ck
-        self._pg_file.unlink(missing_ok=True)
-        self._pg_file = self.run_dir / f".pg_init_{os.getpid()}_{time.time_ns()}"
+        self._init_method = None  # a fresh process group: rank 0 picks a fresh port
         log.warning("training state lost: rebuilding the trainer from %s (version %d)",
                     self.resume_path or "the base policy", version)
 
     def role_spec(self, slot: Slot, index: int) -> RoleSpec:
         """What device `index` of `slot` must become (the executor calls this on shift up)."""
+        device = slot.devices[index]
         if slot.role == Role.TRAIN:
-            return RoleSpec(Role.TRAIN, "policy", str(self.policy_path), trainer=self.r.trainer(self.cfg, slot.tp),
-                            rank=index, world_size=slot.tp, init_method=f"file://{self._pg_file}",
-                            resume_from=str(self.resume_path) if self.resume_path else None)
-        path = self.policy_path if slot.role == Role.ROLLOUT else self.genrm_path
+            return RoleSpec(Role.TRAIN, "policy", self.model_path_on(device, "policy"),
+                            trainer=self.r.trainer(self.cfg, slot.tp), rank=index, world_size=slot.tp,
+                            init_method=self.rendezvous(slot.first_device) if slot.tp > 1 else None,
+                            resume_from=self.for_ranks(self.resume_path) if self.resume_path else None)
+        model = "policy" if slot.role == Role.ROLLOUT else "genrm"
         # a replica of several devices: its first device runs the engine with tensor parallelism
         # across the slot; every other device of the slot is a member holding nothing
         engine = self.r.engine(self.cfg, slot.role.value)
         if engine.tensor_parallel_size != slot.tp:
             raise ValueError(f"slot {slot.slot_id} spans {slot.tp} device(s), but {slot.role.value} replicas "
                              f"have {engine.tensor_parallel_size}")
-        return RoleSpec(slot.role, "policy" if slot.role == Role.ROLLOUT else "genrm", str(path), engine=engine,
+        return RoleSpec(slot.role, model, self.model_path_on(device, model), engine=engine,
                         leader=slot.first_device if index > 0 else None)
 
     def close(self) -> None:
@@ -132,8 +185,5 @@ class Launch:
                 if self.params is not None:
                     self.params.close()
             finally:
-                try:
-                    if self.cluster is not None:
-                        self.cluster.shutdown()
-                finally:
-                    self._pg_file.unlink(missing_ok=True)
+                if self.cluster is not None:
+                    self.cluster.shutdown()

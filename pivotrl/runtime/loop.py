@@ -86,6 +86,7 @@ class RunLoop:
                     d.schedule_tick(d.now + tick_s)
                 if self.done:
                     break
+            self.rec.sample_load(d.now, self.ctrl)
             if self.done:
                 break
             if next_fit is not None and d.now >= next_fit:

@@ -1,13 +1,16 @@
 """What carrying out the control plane's decisions found out (plain data, no Ray): the result of a
 batch of scheduler moves, of a shift plan and of a training step, one device death, the measured
-shift seconds the planner's `tau_shift` learns from, the two training errors, and a driver
-thread's failure. `executor.py` and `training.py` produce them; the driver and the launch read
-them (the driver's threads hand back a `ShiftResult`, a `TrainingResult` or a `ThreadFailed`).
+shift seconds the planner's `tau_shift` learns from, the two training errors, a call past its time
+limit (`TimeLimitExceeded`), and a driver thread's failure. `executor.py` and `training.py` produce
+them; the driver and the launch read them (the driver's threads hand back a `ShiftResult`, a
+`TrainingResult` or a `ThreadFailed`). Also which errors of a call into a device mean that device
+must be replaced (`is_dead`, `must_replace`: Ray's and the engines' exception types are imported
+only when they are called).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from pivotrl.core.types import Role, ShiftPlan, Slot
 
@@ -105,3 +108,35 @@ def measured_shift_seconds(timings: list[dict[str, Any]]) -> dict[Role, float]:
         if up is not None or down is not None:
             out[role] = (up or 0.0) + (down or 0.0)
     return out
+
+
+class TimeLimitExceeded(RuntimeError):
+    """A call into device(s) ran past its time limit (`runtime/limits.py`, `cluster.limits.*`)."""
+
+    def __init__(self, phase: str, devices: int | Iterable[int], elapsed_s: float, limit_s: float, key: str) -> None:
+        self.phase, self.elapsed_s, self.limit_s, self.key = phase, float(elapsed_s), float(limit_s), key
+        self.devices = [int(devices)] if isinstance(devices, int) else [int(d) for d in devices]
+        super().__init__(f"{phase} on device(s) {self.devices} ran {self.elapsed_s:.1f}s, past its time limit of "
+                         f"{self.limit_s:.1f}s ({key}); if it is only slow, raise that limit")
+
+
+def is_dead(exc: BaseException) -> bool:
+    """The actor is gone (its process died, or Ray lost it)."""
+    import ray
+
+    return isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError))
+
+
+def must_replace(exc: BaseException) -> bool:
+    """The actor is dead, its engine failed a wake or a load and shut itself down
+    (`EngineFailedError`), or its call ran past its time limit: either way the device must be
+    replaced, never left serving."""
+    from pivotrl.engines.errors import EngineFailedError
+
+    return (is_dead(exc) or isinstance(exc, (EngineFailedError, TimeLimitExceeded))
+            or isinstance(getattr(exc, "cause", None), EngineFailedError))
+
+
+def death_reason(what: str, exc: BaseException) -> str:
+    """A death's `why`: the call, and what it ran into (a time limit's own message)."""
+    return f"{what}: {exc}" if isinstance(exc, TimeLimitExceeded) else f"{what}: {type(exc).__name__}"

@@ -9,12 +9,16 @@ the devices are launched (`launch.py`, `cluster.py`).
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pivotrl.config.resolve import resolve
 from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import INFERENCE_ROLES, Role
+
+#: Seconds between `role_load` records (the trace's per-role counters) on real devices.
+LOAD_EVERY_S = 1.0
 
 #: A rough decode model of a tiny replica on one shared CPU core, used only until the online fit
 #: has samples (measured once with the CPU engine: ~2-10 ms per iteration at small N).
@@ -82,6 +86,14 @@ def check_tensor_parallel(cfg: PivotConfig) -> None:
                               f"models.{role}")
 
 
+def _record_validation(tracker: Tracker | None, which: str, now: float, seconds: float, acc: dict[str, float]) -> None:
+    """A `validation` timeline record: held-out accuracy `which` (before/after) the run, ending at
+    `now` on the run's clock (a span in the run's trace)."""
+    if tracker is not None:
+        tracker.log_event("validation", now=now, which=which, seconds=seconds, accuracy=acc["sampled"],
+                          greedy=acc["greedy"])
+
+
 def run_real(cfg: PivotConfig, run_dir: Path, tracker: Tracker | None) -> dict[str, Any]:
     """Validate, run the RL loop on real devices, validate again; always tear down."""
     import torch
@@ -113,18 +125,23 @@ def run_real(cfg: PivotConfig, run_dir: Path, tracker: Tracker | None) -> dict[s
         ctrl = make_controller(cfg.deploy.mode, control_env(cfg, r, samples.source))
         # on the first rollout slot the controller shifts up: that engine is then the run's own
         first = next((s for p in ctrl.initial_plans() for s in p.up if s.role == Role.ROLLOUT), None)
+        t0 = time.perf_counter()
         before = val_accuracy(cfg, r, launch.executor, tok, val, first)
+        val_s = time.perf_counter() - t0
         if launch.resume_version:
             ctrl.resume(launch.resume_version)
             if tracker is not None:
                 tracker.log_event("resume", now=0.0, version=launch.resume_version, checkpoint=str(launch.resume_path))
+        _record_validation(tracker, "before", 0.0, val_s, before)  # it ended as the run's clock starts
         driver = DeviceDriver(cfg, r, ctrl, launch, samples, tracker)
         rec = Recorder(tracker, mode=ctrl.name, models=cfg.models.name, runtime=r.runtime, devices=r.num_devices,
                        steps=r.steps, warmup=r.warmup, prompts_per_step=r.prompts_per_step, group_size=r.group_size,
-                       console=f"pivotrl {r.runtime} {ctrl.name}" if progress else None)
+                       console=f"pivotrl {r.runtime} {ctrl.name}" if progress else None, load_every_s=LOAD_EVERY_S)
         summary = {"val_accuracy_before": before["sampled"], "val_accuracy_greedy_before": before["greedy"]}
         summary.update(RunLoop(ctrl, driver, rec).run())
+        t0 = time.perf_counter()
         after = val_accuracy(cfg, r, launch.executor, tok, val)
+        _record_validation(tracker, "after", driver.now, time.perf_counter() - t0, after)
         summary.update(val_accuracy_after=after["sampled"], val_accuracy_greedy_after=after["greedy"],
                        bootstrap=assets.bootstrap_info)
         return summary  # pivotrl.run prints the closing table (pivotrl.report.table)

@@ -5,12 +5,18 @@ Owns the measurement window (throughput over the steps after `train.warmup_steps
 `throughput_tokens_per_s = tokens of the measured steps / (end - end of the warm-up step)`, and
 the common summary keys. A driver adds its own fields to each row (`Driver.step_fields`) and to
 the summary (`Driver.finish`); the tracker writes them (`metrics.jsonl`, `timeline.jsonl`, wandb).
+
+Also the load of each inference role over time, the same in every runtime because it is the
+control plane's own view (its schedulers): a `role_load` record at most every `load_every_s` of
+the driver's clock, `{now, <role>: {replicas, running, queued, kv_used, kv_capacity}}` (the
+counters of the run's Perfetto trace, `pivotrl.report.trace`).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pivotrl.deploy.base import Controller
     from pivotrl.deploy.events import StepDone
     from pivotrl.logging.tracker import Tracker
 
@@ -19,7 +25,8 @@ class Recorder:
     """Rows and summary of one run of controller mode `mode` on runtime `runtime`."""
 
     def __init__(self, tracker: Tracker | None, *, mode: str, models: str, runtime: str, devices: int, steps: int,
-                 warmup: int, prompts_per_step: int, group_size: int, console: str | None = None) -> None:
+                 warmup: int, prompts_per_step: int, group_size: int, console: str | None = None,
+                 load_every_s: float | None = None) -> None:
         self.tracker = tracker
         self.head = {"deploy": mode, "models": models, "cluster": runtime, "devices": devices}
         self.steps, self.warmup, self.P, self.G = steps, warmup, prompts_per_step, group_size
@@ -27,10 +34,26 @@ class Recorder:
         self.rows: list[dict[str, Any]] = []
         self.window0: float | None = None
         self.last_step_end = 0.0
+        self.load_every_s = load_every_s or None  # None (or 0): no `role_load` records
+        self._last_load: float | None = None
 
     def event(self, kind: str, fields: dict[str, Any]) -> None:
         if self.tracker is not None:
             self.tracker.log_event(kind, **fields)
+
+    def sample_load(self, now: float, ctrl: Controller) -> None:
+        """A `role_load` record of `ctrl`'s schedulers (module docstring), unless one was written
+        less than `load_every_s` ago."""
+        if self.load_every_s is None or (self._last_load is not None and now - self._last_load < self.load_every_s):
+            return
+        self._last_load = now
+        roles: dict[str, Any] = {}
+        for role, s in ctrl.sched.items():
+            cap = sum(r.kv_capacity for r in s.replicas.values())
+            queued = s.queued()
+            roles[role.value] = {"replicas": len(s.replicas), "running": s.num_sequences() - queued, "queued": queued,
+                                 "kv_used": int(round(s.kv_utilisation() * cap)), "kv_capacity": int(cap)}
+        self.event("role_load", {"now": now, **roles})
 
     def step(self, act: StepDone, now: float, fields: dict[str, Any]) -> dict[str, Any]:
         f = dict(act.fields)

@@ -46,7 +46,6 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Optional, Union
 
 from pivotrl.core.types import Role
@@ -143,7 +142,8 @@ class RoleSpec:
     world_size: int = 1
     """Training world size (home devices)."""
     init_method: str | None = None
-    """Process-group rendezvous URL shared by the training ranks (`file://...`)."""
+    """Process-group rendezvous URL shared by the training ranks: `tcp://<rank 0's node>:<port>`
+    (`launch.Launch.rendezvous`); None for a single rank (a loopback port of its own)."""
     resume_from: str | None = None
     """Training: a trainer checkpoint folder to load when the rank is first built (`train.resume`)."""
     leader: int | None = None
@@ -325,14 +325,18 @@ class TrainHost(RoleHost):
         from pivotrl.trainer.trainer_worker import TrainerWorker
         from pivotrl.trainer.dist import init_process_group, resolve_device
 
+        from pivotrl.config.run import expand_path
+        from pivotrl.runtime.nodes import free_port
+
         cfg = self.spec.trainer
         if not dist.is_initialized():
             _, backend = resolve_device(cfg)
-            init = self.spec.init_method or f"file://{Path('/tmp') / 'pivotrl_pg_single'}"
+            # one rank without an address: a private loopback port (never a shared file)
+            init = self.spec.init_method or f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
             init_process_group(self.spec.rank, self.spec.world_size, init, backend, cfg.timeout_s)
         self.worker = TrainerWorker(cfg, self.spec.model_path)
-        if self.spec.resume_from:
-            self.worker.load_checkpoint(self.spec.resume_from)  # collective: every rank builds at once
+        if self.spec.resume_from:  # as configured: `~` and `$VAR` are this node's
+            self.worker.load_checkpoint(expand_path(self.spec.resume_from))  # collective: every rank at once
 
     def shift_up(self, weights: Weights, version: int) -> ShiftTiming:
         del weights  # training is the GPS writer: it reloads its own state, reads nothing

@@ -74,6 +74,7 @@ class RealStats:
             # step's proximal policy); behaviour_is_*: how far off-policy the batch was (decoupled)
             "ratio_mean": tm.get("ratio_mean"), "clipfrac": tm.get("clipfrac"), "approx_kl": tm.get("approx_kl"),
             "behaviour_is_mean": tm.get("behaviour_is_mean"), "behaviour_is_truncated": tm.get("behaviour_is_truncated"),
+            "behaviour_logprob_diff": tm.get("behaviour_logprob_diff"),
             "tau_shift": {r.value: v for r, v in tau_shift.items()},
             "role_state": {r.value: vars(s) for r, s in role_state.items()},
             "dispatch_s": self.dispatch_s, **self.counts,

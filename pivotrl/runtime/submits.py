@@ -15,14 +15,18 @@ What stays exact:
   generation of the handle it used: counted once, whichever call finds the death). A request
   buffered for a device that died (or was retired) since is dropped, never sent to the fresh
   actor: its sequence was placed on the dead device, so the runtime re-queues it with that death.
+  A submit still unanswered past `cluster.limits.call_s` once waited for counts as a death (the
+  device is replaced).
 - Errors. Any other submit failure is raised, as a waited-for submit raised it.
 """
 from __future__ import annotations
 
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from pivotrl.runtime.faults import point
+from pivotrl.runtime.outcomes import death_reason
 
 if TYPE_CHECKING:
     from pivotrl.runtime.executor import Executor
@@ -32,7 +36,8 @@ class Submits:
     """Buffered and in-flight submits of one executor (module docstring)."""
 
     def __init__(self, executor: "Executor", dead: Callable[[BaseException], bool]) -> None:
-        """`dead(exc)`: whether a call's exception means its actor is gone (the executor's test)."""
+        """`dead(exc)`: whether a call's exception means its actor must be replaced (gone, or past
+        its time limit: the executor's test)."""
         self.ex, self.dead = executor, dead
         self._lock = threading.Lock()  # shifts and training run in driver threads
         self._buffer: dict[int, tuple[int, list[Any]]] = {}  # device -> (generation, requests)
@@ -92,19 +97,19 @@ class Submits:
             return bool(self._buffer) or any(self._inflight.values())
 
     def _settle_refs(self, refs: set[Any]) -> None:
-        """Wait for `refs` (each a submit in flight) and take their outcomes."""
-        import ray
-
+        """Wait for `refs` (each a submit in flight, within `cluster.limits.call_s`) and take their
+        outcomes."""
         with self._lock:
             done = [(d, r, g) for d, calls in self._inflight.items() for r, g in calls if r in refs]
             for d in {d for d, _, _ in done}:
                 self._inflight[d] = [(r, g) for r, g in self._inflight[d] if r not in refs]
                 if not self._inflight[d]:
                     del self._inflight[d]
+        t0, limit = time.monotonic(), self.ex.limits.of("call")
         for d, ref, gen in done:
             try:
-                ray.get(ref)
+                self.ex.limits.wait(ref, limit, "submit", d, t0)
             except Exception as e:
                 if not self.dead(e):
                     raise
-                self.ex.respawn(d, f"submit: {type(e).__name__}", gen)
+                self.ex.respawn(d, death_reason("submit", e), gen)

@@ -96,7 +96,7 @@ class TrainingSteps:
     def _checkpoint(self, act: StartTraining, version: int) -> None:
         from pivotrl.trainer.trainer_checkpoint import checkpoint_dir
 
-        path = str(checkpoint_dir(self.launch.checkpoint_dir, version))
+        path = self.launch.for_ranks(checkpoint_dir(self.launch.checkpoint_dir, version))
         t0 = time.perf_counter()
         blocking = not bool(self.cfg.train.checkpoint_async)
         self.ex.train_call(act.devices, "save_checkpoint", path, {"step": version, "batch": act.batch}, blocking)

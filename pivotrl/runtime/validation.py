@@ -3,7 +3,8 @@
 Owns:
 - `RemoteEngine`: the `generate` that `runtime.evaluation` needs, on a device actor: submit the
   requests, then poll until every one of them finished. Bounded: a device that reports no new
-  token and no completion for `idle_limit_s` raises, naming the device.
+  token and no completion for `idle_limit_s` raises, naming the device, and so does a call that
+  does not come back within `cluster.limits.call_s` (`limits.py`).
 - `rollout_replica(executor, tp, slot=None)`: a rollout replica serving the policy's current
   version, for the time of a validation: one that serves already (the publish brings it to the
   current version first), else one shifted up for it on `slot` (the run passes the first rollout
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from pivotrl.core.types import Role, ShiftPlan, Slot
 
 if TYPE_CHECKING:
+    from pivotrl.runtime.limits import Limit, Limits
     from transformers import PreTrainedTokenizerBase
 
     from pivotrl.config import PivotConfig
@@ -39,21 +41,30 @@ if TYPE_CHECKING:
 class RemoteEngine:
     """`generate` on device actor `actor` (module docstring)."""
 
-    def __init__(self, actor: Any, device: int, poll_s: float, idle_limit_s: float = 300.0) -> None:  # a Ray actor
+    def __init__(self, actor: Any, device: int, poll_s: float, idle_limit_s: float = 300.0,  # a Ray actor
+                 limits: Limits | None = None) -> None:
+        from pivotrl.runtime.limits import Limits
+
         self.actor, self.device = actor, device
         self.poll_s, self.idle_limit_s = float(poll_s), float(idle_limit_s)
+        self.limits = limits if limits is not None else Limits()
+
+    @property
+    def _poll_limit(self) -> Limit:
+        from pivotrl.runtime.limits import Limit
+
+        call = self.limits.of("call")
+        return Limit(self.poll_s + call.seconds, f"cluster.poll_s + {call.key}")
 
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
         """Completions of `requests`, in their order."""
-        import ray
-
         requests = list(requests)
         want = {r.seq_id for r in requests}
-        ray.get(self.actor.submit.remote(requests))
+        self.limits.get(self.actor.submit.remote(requests), "call", "validation submit", self.device)
         done: dict[int, Completion] = {}
         last = time.monotonic()
         while len(done) < len(want):
-            res = ray.get(self.actor.poll.remote(self.poll_s))
+            res = self.limits.wait(self.actor.poll.remote(self.poll_s), self._poll_limit, "validation poll", self.device)
             if res.error is not None:
                 raise RuntimeError(f"validation on device {self.device}: its engine failed ({res.error})")
             mine = [c for c in res.completions if c.seq_id in want]
@@ -120,6 +131,6 @@ def val_accuracy(cfg: PivotConfig, r: Resolved, ex: Executor, tok: PreTrainedTok
 
     with rollout_replica(ex, int(r.tp["rollout"]), slot) as (actor, device):
         d = cfg.data
-        return evaluate(RemoteEngine(actor, device, float(cfg.cluster.poll_s)), tok, val,
+        return evaluate(RemoteEngine(actor, device, float(cfg.cluster.poll_s), limits=ex.limits), tok, val,
                         temperature=cfg.algo.rollout_temperature, samples=d.val_samples, seed=int(cfg.seed),
                         max_prompt_len=d.max_prompt_length, max_tokens=r.max_response, chat=cfg.models.policy.chat)

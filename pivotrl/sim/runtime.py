@@ -105,7 +105,8 @@ class SimDriver:
         r = resolve(self.cfg)
         rec = self.rec = Recorder(self.tracker, mode=self.ctrl.name, models=self.cfg.models.name, runtime="sim",
                                   devices=self.s.num_devices, steps=self.s.steps, warmup=self.s.warmup,
-                                  prompts_per_step=r.prompts_per_step, group_size=r.group_size)
+                                  prompts_per_step=r.prompts_per_step, group_size=r.group_size,
+                                  load_every_s=float(self.cfg.models.sim.throughput_sample_s))
         if self.progress:
             from tqdm import tqdm
 

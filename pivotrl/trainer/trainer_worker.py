@@ -167,6 +167,7 @@ class TrainerWorker:
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr_at(self.version)
         is_weights: list[np.ndarray | None] | None = None
+        gap_sum = 0.0
         own = np.asarray([], dtype=np.int64)  # samples whose update's forward gives their proximal log-probs
         if cfg.off_policy == "decoupled" and batch.old_log_probs is not None:
             # Decoupled PPO: clip against the policy at the start of this step (proximal), and
@@ -179,6 +180,12 @@ class TrainerWorker:
             f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
             is_weights = [None if p is None else np.minimum(np.exp(f64(p) - f64(b)), cfg.behaviour_is_cap)
                           for p, b in zip(prox, batch.old_log_probs)]
+            # mean |log pi_prox - log mu| per token: how far the engine's sampling log-probs are from
+            # the trainer's (the IS mean is 1 in expectation whatever they are); on an on-policy
+            # batch it is the engine-vs-trainer mismatch alone (numerics, or weights not loaded).
+            # The own samples' part comes from their update's forward (the last of `_update`'s sums)
+            gap_sum = float(sum(np.abs(f64(prox[i]) - f64(batch.old_log_probs[i])).sum()
+                                for i in fresh if prox[i] is not None))
             # the own samples keep their behaviour log-probs: `_update` takes their proximal from its forward
             batch = batch.with_old_log_probs([b if p is None else p for p, b in zip(prox, batch.old_log_probs)])
         elif batch.old_log_probs is None and len(minis) * cfg.ppo_epochs > 1:
@@ -186,8 +193,8 @@ class TrainerWorker:
             # first of them, not the one each update starts from.
             batch = batch.with_old_log_probs(self._all_log_probs(batch))
         # loss, pg_loss, kl, then token-weighted clipfrac, approx_kl, ratio and entropy sums, then
-        # the own-proximal samples' importance weight sum and truncated-token count
-        totals = torch.zeros(9, dtype=torch.float64)
+        # the own-proximal samples' importance weight sum, truncated-token count and log-prob gap sum
+        totals = torch.zeros(10, dtype=torch.float64)
         grad_norms: list[float] = []
         n_micro = 0
         for _ in range(cfg.ppo_epochs):
@@ -203,6 +210,7 @@ class TrainerWorker:
             n_cap = float(sum((x >= cfg.behaviour_is_cap).sum() for x in w)) + float(totals[8])
             metrics["behaviour_is_mean"] = w_sum / n_tok  # n_tok > 0 was checked above
             metrics["behaviour_is_truncated"] = n_cap / n_tok
+            metrics["behaviour_logprob_diff"] = (gap_sum + float(totals[9])) / n_tok
         n_updates = sum(math.isfinite(g) for g in grad_norms)
         stepped = n_updates > 0
         if stepped:
@@ -288,14 +296,15 @@ class TrainerWorker:
         the number of micro-batches. `is_weights` (decoupled PPO) scale each token's advantage.
         `own_proximal` (decoupled PPO, the step's first update): `batch.old_log_probs` of `mini`
         are the behaviour's; the proximal log-probs are this forward's own, detached, and the
-        importance weights come from them (their sum and truncated count: the last two sums)."""
+        importance weights come from them (their sum, truncated count and summed |log-prob gap|:
+        the last three sums)."""
         cfg = self.cfg
         n_tok = sum(len(batch.response_ids[i]) for i in mini)
         n_seq = sum(1 for i in mini if len(batch.response_ids[i]) > 0)
         denom = float(n_tok if cfg.loss_agg_mode == "token-mean" else n_seq)
         micro = self._micro_batches(mini, lengths)
         self.optimizer.zero_grad(set_to_none=True)  # a step that raised half-way left gradients
-        sums = torch.zeros(9, dtype=torch.float64)
+        sums = torch.zeros(10, dtype=torch.float64)
         for k, mb in enumerate(micro):
             weight = 1.0
             if len(mb) == 0 or denom == 0:  # keep collectives aligned: run a real sample with zero weight
@@ -312,11 +321,12 @@ class TrainerWorker:
                 with torch.no_grad():
                     ref, _, _ = self._token_log_probs(self.ref_model, batch, idx)
             adv_t = torch.as_tensor(adv[idx], device=self.device)
-            w_own = torch.zeros(2, dtype=torch.float64)
+            w_own = torch.zeros(3, dtype=torch.float64)
             if own_proximal:  # rows: the behaviour's log-probs
                 w = torch.clamp(torch.exp(old - rows), max=cfg.behaviour_is_cap)
                 adv_t = adv_t[:, None] * w
-                w_own = torch.stack([(w * mask).sum(), ((w >= cfg.behaviour_is_cap) * mask).sum()]).double()
+                w_own = torch.stack([(w * mask).sum(), ((w >= cfg.behaviour_is_cap) * mask).sum(),
+                                     ((old - rows).abs() * mask).sum()]).double()
             elif is_weights is not None:
                 adv_t = adv_t[:, None] * padded_rows([is_weights[i].tolist() for i in idx], logp.shape[1], self.device)
             loss, m = policy_loss(
@@ -332,7 +342,7 @@ class TrainerWorker:
             sums += torch.tensor([
                 float(loss.detach()), float(m["pg_loss"]), float(m.get("kl", 0.0)),
                 float(m["clipfrac"]) * ntok, float(m["approx_kl"]) * ntok, float(m["ratio_mean"]) * ntok,
-                float((ent * weight).sum()), float(w_own[0]), float(w_own[1]),
+                float((ent * weight).sum()), float(w_own[0]), float(w_own[1]), float(w_own[2]),
             ], dtype=torch.float64)
         reduced = sums.to(self.device)
         dist.all_reduce(reduced)

@@ -18,15 +18,25 @@ def test_device_check_cpu_mode_end_to_end(tmp_path):
     env = dict(os.environ, OUT=str(tmp_path))
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "device_check.sh"), "--cpu"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
-    logs = {p.name: p.read_text()[-2000:] for p in tmp_path.glob("*.log")}
+    logs = {p.name: p.read_text()[-2000:] for p in tmp_path.glob("*.out")}
     assert proc.returncode == 0, (proc.stdout[-3000:], logs)
+    check_cpu_results(tmp_path)
+
+
+def check_cpu_results(tmp_path: Path) -> None:
+    """What `device_check.sh --cpu` must have written into `tmp_path` (its $OUT)."""
+    from pivotrl.bench.device_check_run import DEVICES
+
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["ok"] and summary["mode"] == "cpu"
-    for run in ("run_pivot", "run_colocated"):
-        s = summary["parts"][run]["summary"]
-        assert s["steps"] == 3 and s["deploy"] == run.split("_")[1]
+    parts = summary["parts"]
+    assert list(parts) == ["env", "checks", "pytest_gpu", "run_colocated", "run_pivot"], "the parts, in order"
+    env_ = parts["env"]["result"]
+    assert env_["torch"]["version"].startswith("2.13") and "version" in env_["transformers"] and "version" in env_["ray"]
+    junit = (tmp_path / "pytest_gpu.xml").read_text()
+    assert "testsuite" in junit and 'skipped="0"' not in junit, "the gpu-marked tests ran (skipped without CUDA)"
     dc = json.loads((tmp_path / "device_check.json").read_text())
-    assert all(dc[k]["ok"] for k in ("checkpoints", "trainer", "weight_sync", "engine", "handoff")), dc
+    assert dc["ok"] and all(dc[k]["ok"] for k in ("checkpoints", "trainer", "weight_sync", "engine", "handoff")), dc
     tr, ws, en, ho = dc["trainer"], dc["weight_sync"], dc["engine"], dc["handoff"]
     assert len(tr["step_s"]) == 2 and tr["offloaded_gib"] > 0 and tr["second_offload_host_allocations"] == 0
     assert tr["micro_batches"] >= 2  # token micro-batches: the batch did not fit one
@@ -34,6 +44,18 @@ def test_device_check_cpu_mode_end_to_end(tmp_path):
     assert en["n_samples"] >= 2 and math.isfinite(en["fit_mean_rel_error"]) and en["fit_mean_rel_error"] >= 0
     assert ho["policy_sleep_level"] == 2.0 and ho["genrm_sleep_level"] == 1.0
     assert ho["genrm_needed_gps"] is False and "load_s" in ho["policy_shift_up_detail"]
+    # the cluster=ray runs on one device: 3 steps each, made from random-weight checkpoints (no
+    # bootstrap), every role shifted onto that device, and each run's trace written
+    runs = [r for r in ("run_colocated", "run_pivot") if not parts[r]["skipped"]]
+    assert "run_colocated" in runs
+    for name in runs:
+        res = parts[name]["result"]
+        s = res["summary"]
+        assert res["ok"] and res["trace"] and s["steps"] == 3 and s["policy_version"] == 3 and s["cluster"] == "ray"
+        assert {t["role"] for t in res["shifts"]} >= {"rollout", "reward", "train"}
+        assert {t["device"] for t in res["shifts"]} == set(range(DEVICES[name.split("_")[1]]))
+        assert (tmp_path / "assets" / "policy" / "config.json").is_file(), "tiny checkpoints made on the spot"
+        assert "bootstrap" not in (tmp_path / f"{name}.log").read_text().lower()
 
 
 def test_device_check_rejects_an_unknown_argument():

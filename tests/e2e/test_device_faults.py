@@ -132,6 +132,21 @@ def test_kill_at_publish(ray_session, tiny_assets, tmp_path, hook):
     assert d["device"] == 0 and d["role"] == "rollout" and d["why"].split(":")[0] in ("publish", "poll")
 
 
+def test_a_weight_load_past_its_time_limit_replaces_the_device(ray_session, tiny_assets, tmp_path, hook):
+    """A rollout device hangs (its step lock held, as a stuck engine call would) just as a publish
+    reaches it: the load runs past `cluster.limits.load_floor_s`, the device is replaced like a
+    dead one, its sequences go back to the queue, and the run finishes with nothing lost."""
+    from pivotrl.run import run
+
+    h = hook(faults.stall_at("publish", device=0, seconds=300))
+    summary = run(make_local_cfg(tiny_assets, "disaggregated", ["cluster.limits.load_floor_s=5"]), tmp_path)
+    assert h.fired == [("publish", 0)]
+    _finished(summary)
+    (d,) = _deaths(tmp_path)
+    assert d["device"] == 0 and d["role"] == "rollout"
+    assert "weight load (publish) on device(s) [0] ran" in d["why"] and "cluster.limits.load_floor_s=5" in d["why"]
+
+
 def test_kill_a_training_rank_says_how_to_resume(ray_session, tiny_assets, tmp_path, hook):
     from pivotrl.run import run
 

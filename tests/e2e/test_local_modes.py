@@ -48,6 +48,15 @@ def test_mode_trains_two_steps(ray_session, tiny_assets, tmp_path, mode):
     # decoupled PPO (the runtime's default): the on-policy batch's importance weight to the
     # behaviour policy is 1 (engine and trainer log-probs agree)
     assert rows[0]["behaviour_is_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert rows[0]["behaviour_logprob_diff"] < 1e-3, "the CPU engine samples from the trainer's weights"
+    if mode == "pivot":  # the run's Perfetto trace: its schema, held-out validation, per-role load
+        from tests.report.test_trace import check_trace
+
+        by = check_trace(json.loads((tmp_path / "trace.json").read_text()))
+        assert sorted(e["name"] for e in by["X"] if e["name"].startswith("validation")) == [
+            "validation after", "validation before"]
+        assert {e["name"] for e in by["C"]} >= {"rollout sequences", "reward KV tokens"}
+        assert any(e["name"].startswith("publish v") for e in by["X"])
     timings = [r for r in _timeline(tmp_path) if r["kind"] == "shift_timing"]
     assert timings and all(t["up_s"] >= 0 and t["down_s"] >= 0 for t in timings)
     assert any(d["direction"] == "up" and d["role"] == "rollout" for t in timings for d in t["devices"])

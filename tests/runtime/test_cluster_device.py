@@ -71,6 +71,20 @@ def test_more_devices_than_resources_names_both_numbers(cluster):
     assert ray.is_initialized(), "a failed attach must not shut down the session it attached to"
 
 
+def test_devices_sharing_a_gpu_take_a_fraction_of_it_each():
+    from pivotrl.config import compose_config
+    from pivotrl.config.base import ConfigError
+
+    spec = ClusterSpec(kind="ray", num_devices=3, node_size=8, devices_per_gpu=3)
+    assert spec.per_device == pytest.approx(1 / 3) and spec.resources_needed == 1.0
+    assert ClusterSpec(kind="ray", num_devices=4, devices_per_gpu=3).resources_needed == 2.0
+    with pytest.raises(ValueError, match=r"cluster.devices_per_gpu=2: allowed 1, or > 1 with cluster=ray"):
+        ClusterSpec(kind="local", num_devices=2, devices_per_gpu=2)
+    with pytest.raises(ConfigError, match=r"cluster.devices_per_gpu=2 is invalid"):
+        compose_config(["cluster=local", "cluster.devices_per_gpu=2"])
+    assert ClusterSpec.from_config(compose_config(["cluster=ray", "cluster.devices_per_gpu=3"]).cluster, 3).per_device < 1
+
+
 def test_cores_for_device_pins_only_when_enough_cores():
     assert cores_for_device(1, 2, available=[0, 1, 2, 3]) == [2, 3]
     assert cores_for_device(2, 1, available=[0, 1]) is None

@@ -276,6 +276,7 @@ def test_decoupled_equals_behaviour_on_fresh_samples(model_path):
             m = tr.step(fresh)
             results.append((m, tr.state_dict()))
     assert results[1][0]["behaviour_is_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert results[1][0]["behaviour_logprob_diff"] < 1e-5, "the trainer's own log-probs: no mismatch"
     # the decoupled first update's clip reference is its own forward's log-probs, the behaviour
     # path's the recomputed ones: the same policy's, up to float rounding (Adam at lr 1e-2 turns
     # a near-zero gradient's rounding into ~3e-6)
