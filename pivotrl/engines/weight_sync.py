@@ -8,8 +8,9 @@ Owns the two public halves and the tensor iterator they share:
   (`GlobalParameterStore.begin_row_write`) and broadcasts it; every rank copies the dim-0 rows of
   every parameter it holds (FSDP2 shards are `Shard(0)`: rank r holds rows
   `[r * ceil(n / W), ...)`) straight into the node buffers, cast to the store's dtype in that copy
-  (on a GPU the cast runs on the device, so bf16 crosses PCIe); rank 0 commits once every row of
-  every tensor has arrived. No gather, no rank holds the whole model, and one host copy per byte
+  (on a GPU the cast runs on the device, so bf16 crosses PCIe), all in one
+  `GlobalParameterStore.write_rows_many` (another node's buffer takes them in one call); rank 0
+  commits once every row of every tensor has arrived. No gather, no rank holds the whole model, and one host copy per byte
   per node buffer (a device-to-host copy on GPU). Returns the new GPS version on every rank.
 - `load_from_gps(engine, store, model, node, version)`: lease the version, get the node buffer's
   file manifest (`GlobalParameterStore.file_manifest`) and let the engine load it (both
@@ -114,10 +115,13 @@ def publish_shards(worker: Any, store: Any, model: str) -> int:
     try:
         spec = store.spec(model)
         with torch.no_grad():
-            for name, p in worker.model.named_parameters():
-                for sname, start, local in rows_in_store(name, p, spec, world, worker_rank):
-                    n = store.write_rows(w, sname, start, local) if local.shape[0] else 0
-                    rows[sname] = rows.get(sname, 0) + n
+            mine = [r for name, p in worker.model.named_parameters()
+                    for r in rows_in_store(name, p, spec, world, worker_rank)]
+            for sname, _, _ in mine:
+                rows.setdefault(sname, 0)
+            # all at once: another node's rows go there in one call, not one per tensor
+            for sname, n in store.write_rows_many(w, [r for r in mine if r[2].shape[0]]).items():
+                rows[sname] += n
     except Exception as e:  # noqa: BLE001 - every rank must reach the gather below
         err = f"rank {worker_rank}: {type(e).__name__}: {e}"
     parts: list[Any] = [None] * world

@@ -138,6 +138,23 @@ class Transport(abc.ABC):
     def write_remote(self, ref: BufferRef, items: list[SliceItem], tensors: list[torch.Tensor]) -> None:
         raise NotImplementedError(f"transport {self.name!r} cannot reach node {ref.node}")
 
+    def fill_many(self, requests: list[tuple[BufferRef, list[Any], str]]) -> None:
+        """Fill each buffer from a checkpoint folder (`node_import.fill_from_folder` entries):
+        here, through this process's mapping of it; a transport whose nodes are other processes
+        has each node fill its own from the folder that node sees."""
+        from pivotrl.gps.node_import import fill_from_folder
+
+        for ref, entries, folder in requests:
+            view = self.local_view(ref)
+            if view is None:
+                raise NotImplementedError(f"transport {self.name!r} cannot reach node {ref.node}")
+            fill_from_folder(view, entries, folder)
+
+    def host_copy(self, folder: str, name: str) -> str:
+        """`folder` copied into every node's shared memory under `name` (`node_import.host_copy`),
+        removed at `close()`; returns the path, the same on every node."""
+        raise NotImplementedError(f"transport {self.name!r} keeps no host copies")
+
     def resident_bytes(self) -> int:
         """Bytes of node buffers this transport currently keeps allocated."""
         return 0
@@ -160,6 +177,7 @@ class ShmTransport(Transport):
         self.pool_limit = config.pool_freed_buffers
         self._bufs: dict[str, torch.Tensor] = {}
         self._pool: dict[int, list[torch.Tensor]] = {}
+        self._copies: set[str] = set()
         self._tag = f"pivotrl-gps-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
     def __getstate__(self) -> dict:
@@ -191,6 +209,13 @@ class ShmTransport(Transport):
     def local_view(self, ref: BufferRef) -> torch.Tensor | None:
         return self._bufs.get(ref.path)
 
+    def host_copy(self, folder: str, name: str) -> str:
+        from pivotrl.gps.node_import import host_copy
+
+        dst = os.path.join(self.dir, name)
+        self._copies.add(dst)
+        return str(host_copy(folder, dst))
+
     def resident_bytes(self) -> int:
         return sum(b.numel() for b in self._bufs.values())
 
@@ -199,8 +224,13 @@ class ShmTransport(Transport):
         return sum(b.numel() for bs in self._pool.values() for b in bs)
 
     def close(self) -> None:
+        import shutil
+
         self._bufs.clear()
         self._pool.clear()
+        for d in self._copies:
+            shutil.rmtree(d, ignore_errors=True)
+        self._copies.clear()
 
 
 def _sole_owner(buf: torch.Tensor) -> bool:

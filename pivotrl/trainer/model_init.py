@@ -40,7 +40,7 @@ __all__ = ["build_sharded_model", "read_mapped_state_dict"]
 def read_mapped_state_dict(model_path: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the folder's weight files (those its index lists, else `*.safetensors`) as a
     view of a file mapping, in the dtype the file stores: nothing is read until a tensor is used."""
-    from pivotrl.gps.hf_io import read_safetensors_dir
+    from pivotrl.gps.node_import import read_safetensors_dir
 
     if not any(Path(model_path).glob("*.safetensors")):
         raise ValueError(f"model folder {str(model_path)!r} has no *.safetensors files "
