@@ -74,10 +74,6 @@ class EngineConfig:
     it; the frozen GenRM's stay). `restart`: the engine process stops (its memory goes back) and
     the next shift up starts a fresh one (~20 s on 2 cores). Where vLLM sleeps, it sleeps."""
 
-    vllm_weight_bucket_mb: int = 512
-    """vLLM: a GPS read streams into the workers in buckets of about this many MiB (bounds the
-    extra host memory of a load; `pivotrl.engines.weight_sync`). >= 1."""
-
     vllm_start_timeout_s: float = 300.0
     """vLLM: seconds to wait for the engine process to start before giving up with an error."""
 
@@ -102,7 +98,5 @@ class EngineConfig:
             raise ValueError(f"engine.vllm_release_fallback must be keep or restart, got {self.vllm_release_fallback!r}")
         if self.vllm_sleep_level not in (1, 2):
             raise ValueError(f"engine.vllm_sleep_level must be 1 or 2, got {self.vllm_sleep_level!r}")
-        if not (isinstance(self.vllm_weight_bucket_mb, int) and self.vllm_weight_bucket_mb >= 1):
-            raise ValueError(f"engine.vllm_weight_bucket_mb must be an integer >= 1, got {self.vllm_weight_bucket_mb!r}")
         if not self.vllm_start_timeout_s > 0:
             raise ValueError(f"engine.vllm_start_timeout_s must be > 0, got {self.vllm_start_timeout_s!r}")

@@ -60,6 +60,9 @@ RENAMED: dict[str, str] = {
     "deploy.planner.strategy": "deploy/planner",
     "deploy.planner.rule_up_kv": "deploy.planner.up_kv",
     "deploy.planner.rule_down_kv": "deploy.planner.down_kv",
+    # vLLM's loaders read each rank's shard from views of the GPS file: no staging bucket of ours
+    "engine.vllm_weight_bucket_mb": "(removed: vLLM's workers now read each rank's shard straight from the GPS "
+                                    "node file, with no bucket to size; see pivotrl/engines/weight_sync.py)",
 }
 
 

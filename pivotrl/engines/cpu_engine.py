@@ -49,7 +49,7 @@ from typing import Iterable, Mapping
 import torch
 
 from pivotrl.config.engine import EngineConfig
-from pivotrl.engines.cpu_batch import CPUSeq, KVBatch, sample_next
+from pivotrl.engines.cpu_batch import CPUSeq, batch_class_for, sample_next
 from pivotrl.engines.hf_model import eos_ids_of, load_hf_model, load_hf_tokenizer, load_state_dict_in_place
 from pivotrl.engines.protocol import (FINISH_LENGTH, FINISH_STOP, Completion, EngineStats,
                                       GenerationRequest, IterationSample, PrefillSample, run_to_completion)
@@ -83,7 +83,7 @@ class CPUEngine:
         self._incoming: list[CPUSeq] = []
         self._live: set[int] = set()  # submitted and not yet finished or aborted
         self._waiting: collections.deque[CPUSeq] = collections.deque()
-        self._batch = KVBatch()
+        self._batch = batch_class_for(self.model.config)()  # the running rows and their cache
         self._finished: list[Completion] = []
         self._iters: collections.deque[IterationSample] = collections.deque(maxlen=_MAX_SAMPLES)
         self._prefills: collections.deque[PrefillSample] = collections.deque(maxlen=_MAX_SAMPLES)
@@ -181,7 +181,7 @@ class CPUEngine:
         if hasattr(state_dict, "to_wire"):
             from pivotrl.engines.weight_sync import iter_manifest_tensors
 
-            state_dict = dict(iter_manifest_tensors(state_dict.to_wire(), 0))
+            state_dict = dict(iter_manifest_tensors(state_dict.to_wire()))
         with self._lock:
             self._check_live()
             load_state_dict_in_place(self.model, state_dict)
@@ -300,7 +300,7 @@ class CPUEngine:
         t0 = time.perf_counter()
         if self._mark is None or not self._batch.seqs:  # the batch turns busy: an interval starts
             self._mark, self._prefill_since_mark = t0, 0.0
-        cache, valid, logits = KVBatch.prefill(self.model, seqs)
+        cache, valid, logits = self._batch.prefill(self.model, seqs)
         nxt, lps = sample_next(logits, seqs, self._gen)
         secs = time.perf_counter() - t0
         self._prefills.append(PrefillSample(tokens=sum(s.total for s in seqs), num_seqs=len(seqs), seconds=secs))

@@ -153,9 +153,9 @@ class VLLMClient:
         finally:
             os.unlink(path)
 
-    def load_gps(self, manifest: FileManifest, bucket_bytes: int) -> None:
+    def load_gps(self, manifest: FileManifest) -> None:
         """Load a leased GPS `FileManifest`: each worker maps the node file itself."""
-        self.run(self.llm.collective_rpc("pivot_load_weights_from_gps", args=(manifest.to_wire(), bucket_bytes)))
+        self.run(self.llm.collective_rpc("pivot_load_weights_from_gps", args=(manifest.to_wire(),)))
 
     def weight_checksum(self) -> float:
         return self.run(self.llm.collective_rpc("pivot_weight_checksum"))[0]

@@ -267,8 +267,8 @@ class VLLMEngine:
     def load_weights(self, state_dict: Mapping[str, object], version: int) -> None:
         """Replace the weights of the serving engine in place and drop its prefix cache (those
         blocks were computed under the old weights). `state_dict` may also be a leased GPS
-        `FileManifest`: the workers map its file and read the tensors as views (`vllm_worker.py`),
-        in buckets of `EngineConfig.vllm_weight_bucket_mb` on CUDA. On failure the engine aborts
+        `FileManifest`: the workers map its file and vLLM's loaders read each rank's shard from
+        views of it (`vllm_worker.py`, `weight_sync.py`). On failure the engine aborts
         its sequences, shuts down and raises `EngineLoadError` carrying their tokens."""
         self._check_live()
         try:
@@ -281,7 +281,7 @@ class VLLMEngine:
     def _load(self, weights: FileManifest | Mapping[str, object]) -> None:
         """Into the workers: a GPS `FileManifest` (they map its file) or a state dict."""
         if hasattr(weights, "to_wire"):
-            self._client.load_gps(weights, self.cfg.vllm_weight_bucket_mb << 20)
+            self._client.load_gps(weights)
         else:
             self._client.load_state_dict(weights)
 

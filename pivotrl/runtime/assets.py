@@ -70,12 +70,8 @@ def load_assets(cfg: PivotConfig, progress: bool = False) -> Assets:
                 other = "genrm" if role == "policy" else "policy"
                 raise ConfigError("hf_path", f"a checkpoint too: models.{other}.hf_path is set, and a "
                                   "tiny model is never mixed in silently", path, f"models.{role}")
-        from pivotrl.models.resolve import resolve_checkpoint  # a folder or the local HF cache, never downloads
-
-        ck = {role: resolve_checkpoint(user[role], f"models.{role}.hf_path",
-                                       need_chat_template=getattr(m, role).chat.chat_template is None)
-              for role in ("policy", "genrm")}
-        check_fit(cfg, ck["policy"].spec, ck["genrm"].spec)
+        ck = resolve_checkpoints(cfg)  # a folder or the local HF cache, never downloads
+        check_fit(cfg, ck["policy"], ck["genrm"])
         policy, genrm = ck["policy"].path, ck["genrm"].path
         train = _existing(d.train_path, "data.train_path", "a verl-format train parquet (real checkpoints "
                           "need real data)")
@@ -100,13 +96,22 @@ def preflight(cfg: PivotConfig) -> None:
     which `load_assets` builds)."""
     m = cfg.models
     if m.policy.hf_path and m.genrm.hf_path:
-        from pivotrl.models.resolve import resolve_checkpoint
-
-        ck = {role: resolve_checkpoint(getattr(m, role).hf_path, f"models.{role}.hf_path",
-                                       need_chat_template=getattr(m, role).chat.chat_template is None)
-              for role in ("policy", "genrm")}
-        check_fit(cfg, ck["policy"].spec, ck["genrm"].spec)
+        ck = resolve_checkpoints(cfg)
+        check_fit(cfg, ck["policy"], ck["genrm"])
         check_trainer_fits(cfg, ck["policy"].config, m.policy.name)
+
+
+def resolve_checkpoints(cfg: Any) -> dict[str, Any]:
+    """The user's two checkpoints, resolved (`models.resolve.resolve_checkpoint`): the policy with
+    GPS's partition rules (GPS holds it and the trainer writes it), the frozen GenRM without (its
+    engine loads it from a host copy, so any architecture its engine serves is a judge)."""
+    from pivotrl.models.resolve import resolve_checkpoint
+
+    m = cfg.models
+    return {role: resolve_checkpoint(getattr(m, role).hf_path, f"models.{role}.hf_path",
+                                     need_chat_template=getattr(m, role).chat.chat_template is None,
+                                     gps_rules=role == "policy")
+            for role in ("policy", "genrm")}
 
 
 def device_memory_bytes(cfg: PivotConfig) -> int | None:
@@ -149,20 +154,25 @@ def check_trainer_fits(cfg: PivotConfig, hf_config: dict, name: str) -> None:
                gradient_checkpointing=a.gradient_checkpointing, logprob_chunk_tokens=a.logprob_chunk_tokens)
 
 
-def check_fit(cfg: PivotConfig, policy_spec: ModelSpec, genrm_spec: ModelSpec) -> None:
-    """Stop at start when a checkpoint cannot run as configured: a `tp` that does not split its
-    tensors (names the field and the degrees that work), or GPS memory too small for both models
-    (names both numbers)."""
+def check_fit(cfg: Any, policy: Any, genrm: Any) -> None:
+    """Stop at start when the checkpoints (`ResolvedCheckpoint`s) cannot run as configured: a `tp`
+    that does not split the policy's tensors or the judge's heads (names the field and the degrees
+    that work), or host memory too small for GPS's policy versions beside the judge's host copy
+    on every node (names both numbers)."""
     from pivotrl.config.resolve import resolve
     from pivotrl.gps.layout import check_tp
     from pivotrl.gps.placement import budget_bytes, check_budget
 
     r, gps = resolve(cfg), cfg.cluster.gps
-    check_tp(policy_spec, r.tp["rollout"], "models.policy.tp")
-    check_tp(genrm_spec, r.tp["reward"], "models.genrm.tp")
+    check_tp(policy.spec, r.tp["rollout"], "models.policy.tp")
+    heads = genrm.config.get("num_attention_heads") or (genrm.config.get("text_config") or {}).get("num_attention_heads")
+    if heads and int(heads) % r.tp["reward"]:
+        ok = [d for d in (1, 2, 4, 8, 16) if int(heads) % d == 0]
+        raise ConfigError("tp", f"a divisor of the GenRM's {heads} attention heads ({ok})", r.tp["reward"], "models.genrm")
     nodes = max(1, -(-r.num_devices // r.node_size))
-    check_budget(budget_bytes(gps), [("policy", policy_spec, False), ("genrm", genrm_spec, True)], nodes,
-                 gps.write_headroom_versions, gps.alignment_bytes, where="cluster.gps.node_memory_budget_bytes")
+    check_budget(budget_bytes(gps), [("policy", policy.spec, False)], nodes, gps.write_headroom_versions,
+                 gps.alignment_bytes, where="cluster.gps.node_memory_budget_bytes",
+                 beside=[("genrm", genrm.nbytes)])
 
 
 def load_val_examples(path: Path, limit: int) -> list:
