@@ -86,7 +86,7 @@ def _peak_memory() -> dict[str, float]:
 def check_trainer(ctx: dict) -> dict:
     import torch
 
-    from pivotrl.config.trainer import TrainerConfig
+    from pivotrl.config.trainer import TrainerSpec
     from pivotrl.trainer.memory import ModelShape, check_fits
     from pivotrl.trainer.train_batch import TrainBatch
     from pivotrl.trainer.trainer import Trainer
@@ -101,7 +101,7 @@ def check_trainer(ctx: dict) -> dict:
                           response_ids=[[rng.randrange(4, vocab) for _ in range(rlen)] for _ in range(n)],
                           versions=[v] * n, rewards=[rng.random() for _ in range(n)], group_ids=[i // 4 for i in range(n)])
 
-    cfg = TrainerConfig(device="cuda" if gpu else "cpu", param_dtype="bfloat16" if gpu else "float32",
+    cfg = TrainerSpec(device="cuda" if gpu else "cpu", param_dtype="bfloat16" if gpu else "float32",
                         gradient_checkpointing=True, logprob_chunk_tokens=1024 if gpu else 16,
                         micro_batch_tokens=4 * (plen + rlen), publish_dtype="bfloat16" if gpu else "float32",
                         lr=1e-5, staleness=4)
@@ -141,6 +141,7 @@ def check_weight_sync(ctx: dict) -> dict:
     from pivotrl.engines.weight_sync import load_from_gps, publish_shards
     from pivotrl.gps.layout import ModelSpec
     from pivotrl.gps.ray_transport import make_ray_store
+    from pivotrl.config.engine import EngineSpec
     from pivotrl.runtime.roles import InferenceHost, RoleSpec
     from pivotrl.core.types import Role
 
@@ -162,7 +163,8 @@ def check_weight_sync(ctx: dict) -> dict:
     t = time.perf_counter()
     dst.copy_(src)
     memcpy = time.perf_counter() - t
-    host = InferenceHost(RoleSpec(Role.ROLLOUT, "policy", str(ctx["policy"]), engine=_engine_cfg(ctx["gpu"])))
+    host = InferenceHost(RoleSpec(Role.ROLLOUT, "policy", str(ctx["policy"]),
+                                  engine=EngineSpec.for_role(_engine_cfg(ctx["gpu"]), "rollout")))
     t = time.perf_counter()
     host.shift_up(None, 0)
     cold = time.perf_counter() - t
@@ -201,13 +203,15 @@ def check_engine(ctx: dict) -> dict:
 def check_handoff(ctx: dict) -> dict:
     from pivotrl.core.types import Role
     from pivotrl.engines.weight_sync import load_from_gps
+    from pivotrl.config.engine import EngineSpec
     from pivotrl.runtime.roles import InferenceHost, RoleSpec
 
     out: dict[str, Any] = {}
     pol: InferenceHost = ctx["policy_host"]
     d = pol.shift_down()
     out["policy_shift_down_s"], out["policy_sleep_level"] = d.seconds, d.detail.get("sleep_level")
-    gen = InferenceHost(RoleSpec(Role.REWARD, "genrm", str(ctx["genrm"]), engine=_engine_cfg(ctx["gpu"])))
+    gen = InferenceHost(RoleSpec(Role.REWARD, "genrm", str(ctx["genrm"]),
+                                 engine=EngineSpec.for_role(_engine_cfg(ctx["gpu"]), "reward")))
     u = gen.shift_up(None, 0)
     out["genrm_cold_shift_up_s"] = u.seconds
     d = gen.shift_down()

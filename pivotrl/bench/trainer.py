@@ -42,7 +42,7 @@ def random_batch(n: int, seed: int, version: int):
 
 MEMORY_MODEL = dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512,
                     vocab_size=8192, max_position_embeddings=2048, tie_word_embeddings=False)
-#: (name, TrainerConfig overrides): the original path and the memory-sane one
+#: (name, TrainerSpec overrides): the original path and the memory-sane one
 MEMORY_CONFIGS = (
     ("original", dict(init_on_meta=False, logprob_chunk_tokens=0, gradient_checkpointing=False,
                       micro_batch_tokens=0, micro_batch_size=8)),
@@ -75,12 +75,12 @@ def _memory_child(model: str, overrides: dict) -> dict:
     """One configuration in this (fresh) process: see the module docstring."""
     import torch
 
-    from pivotrl.config.trainer import TrainerConfig
+    from pivotrl.config.trainer import TrainerSpec
     from pivotrl.trainer.memory import ModelShape, estimate_train_memory
     from pivotrl.trainer.trainer import Trainer
 
     torch.set_num_threads(1)
-    cfg = TrainerConfig(lr=1e-4, device="cpu", num_threads=1, **overrides)
+    cfg = TrainerSpec(lr=1e-4, device="cpu", num_threads=1, **overrides)
     with Trainer(cfg, model) as tr:
         tr.step(_memory_batch(0))
         b = _memory_batch(1)
@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
     import torch
 
     from pivotrl.config.rl import TinyModelConfig
-    from pivotrl.config.trainer import TrainerConfig
+    from pivotrl.config.trainer import TrainerSpec
     from pivotrl.trainer.trainer import Trainer
     from pivotrl.models.tiny import create_tiny_model
 
@@ -159,7 +159,7 @@ def main(argv: list[str]) -> int:
     for ws in (int(x) for x in a.world_sizes.split(",")):
         for n, mbs in ((64, 16), (256, 64)):
             t0 = time.perf_counter()
-            cfg = TrainerConfig(world_size=ws, micro_batch_size=mbs, lr=1e-4, num_threads=1, device="cpu")
+            cfg = TrainerSpec(world_size=ws, micro_batch_size=mbs, lr=1e-4, num_threads=1, device="cpu")
             with Trainer(cfg, model) as tr:
                 start = time.perf_counter() - t0
                 times = []

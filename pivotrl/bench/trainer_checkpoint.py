@@ -101,9 +101,9 @@ def _rank_main(rank: int, world_size: int, init: str, model: str, size: str, rep
 
 
 def _cfg(world_size: int):
-    from pivotrl.config.trainer import TrainerConfig
+    from pivotrl.config.trainer import TrainerSpec
 
-    return TrainerConfig(world_size=world_size, micro_batch_size=16, lr=1e-4, num_threads=1, device="cpu",
+    return TrainerSpec(world_size=world_size, micro_batch_size=16, lr=1e-4, num_threads=1, device="cpu",
                          staleness=1000)
 
 

@@ -57,7 +57,7 @@ def main(argv: list[str]) -> int:
     from pivotrl.config.engine import EngineConfig
     from pivotrl.config.gps import GPSConfig
     from pivotrl.config.rl import TinyModelConfig
-    from pivotrl.config.trainer import TrainerConfig
+    from pivotrl.config.trainer import TrainerSpec
     from pivotrl.engines.cpu_engine import CPUEngine
     from pivotrl.trainer.trainer import Trainer
     from pivotrl.engines.weight_sync import load_from_gps, publish_shards
@@ -97,7 +97,7 @@ def main(argv: list[str]) -> int:
                      "x_memcpy": 1.0})
         rows.append({"path": "memcpy (fresh /dev/shm)", "copies": 1, "seconds": memcpy_fresh,
                      "s_per_gb": memcpy_fresh / gb, "x_memcpy": memcpy_fresh / memcpy})
-        with Trainer(TrainerConfig(device="cpu", lr=1e-4), folder) as tr:
+        with Trainer(TrainerSpec(device="cpu", lr=1e-4), folder) as tr:
             w = tr.worker
 
             def publish_old() -> None:
@@ -147,16 +147,17 @@ def _runtime_rows(store, folder, trainer_actor, rollout_actor, repeats: int, mem
     """Publish and load as the runtime runs them, through two device actors (module docstring)."""
     import ray
 
-    from pivotrl.config.engine import EngineConfig
-    from pivotrl.config.trainer import TrainerConfig
+    from pivotrl.config.engine import EngineConfig, EngineSpec
+    from pivotrl.config.trainer import TrainerSpec
     from pivotrl.core.types import Role
     from pivotrl.engines.weight_sync import GPSWeights
     from pivotrl.runtime.roles import RoleSpec
 
     ray.get(trainer_actor.shift_up.remote(RoleSpec(Role.TRAIN, "policy", str(folder),
-                                                   trainer=TrainerConfig(device="cpu", lr=1e-4))))
+                                                   trainer=TrainerSpec(device="cpu", lr=1e-4))))
     ray.get(rollout_actor.shift_up.remote(RoleSpec(Role.ROLLOUT, "policy", str(folder),
-                                                   engine=EngineConfig(name="cpu", num_threads=1))))
+                                                   engine=EngineSpec.for_role(EngineConfig(name="cpu", num_threads=1),
+                                                                              "rollout"))))
     pubs, loads = [], []
 
     def publish() -> None:

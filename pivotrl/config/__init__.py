@@ -24,7 +24,7 @@ from pivotrl.config.models import LengthDist, ModelsConfig, ModelSpec, WorkloadC
 from pivotrl.config.planner import PLANNER_SCHEMAS, PlannerConfig
 from pivotrl.config.rl import DataConfig, RewardConfig
 from pivotrl.config.run import LoggingConfig, TrainConfig
-from pivotrl.config.trainer import TrainerConfig
+from pivotrl.config.trainer import AlgoConfig, TrainerSpec
 from pivotrl.config.validate import validate_cross_fields
 
 
@@ -41,7 +41,7 @@ class PivotConfig:
     """Runtime, devices, launch settings, GPS."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """RL loop: steps, batch, group size, resume, checkpoints."""
-    algo: TrainerConfig = field(default_factory=TrainerConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
     """The GRPO trainer: optimizer, loss, PPO mini-batches, off-policy correction."""
     data: DataConfig = field(default_factory=DataConfig)
     """Prompts, held-out set, prompt and response length caps."""
@@ -96,8 +96,8 @@ def compose_config(overrides: list[str] = (), config_dir: str | None = None) -> 
 
 
 __all__ = [
-    "Allocation", "ClusterConfig", "ClusterKind", "ConfigError", "DataConfig", "DeployConfig", "DeployMode",
+    "AlgoConfig", "Allocation", "ClusterConfig", "ClusterKind", "ConfigError", "DataConfig", "DeployConfig", "DeployMode",
     "EngineConfig", "HardwareProfile", "LengthDist", "LoggingConfig", "ModelSpec", "ModelsConfig", "PivotConfig",
-    "PlannerConfig", "RewardConfig", "TrainConfig", "TrainerConfig", "WorkloadConfig", "compose_config", "load",
+    "PlannerConfig", "RewardConfig", "TrainConfig", "TrainerSpec", "WorkloadConfig", "compose_config", "load",
     "register_configs",
 ]

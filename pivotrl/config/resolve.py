@@ -2,36 +2,24 @@
 
 A config says what the user asked for; a `Resolved` says what the run does with it: how many
 devices, which staleness bound, the batch, the starting allocation, the accelerator, the
-response cap, and the trainer's settings as the trainer receives them. Validation never changes a
-config; anything "null means ..." is turned into a value by this module. Pure: standard library
-and the config dataclasses only.
+response cap, and the runtime specs built from the user's settings and these: the trainer's
+(`trainer`: a `TrainerSpec`) and each inference role's engine (`engine`: an `EngineSpec`).
+Validation never changes a config; anything "null means ..." is turned into a value by this
+module. Pure: standard library and the config dataclasses only.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pivotrl.config.base import ConfigError
 from pivotrl.config.deploy import PivotDeployConfig
 from pivotrl.config.planner import PlannerConfig
-from pivotrl.config.trainer import TrainerConfig
+from pivotrl.config.engine import EngineSpec
+from pivotrl.config.trainer import TrainerSpec
 
 if TYPE_CHECKING:
     from pivotrl.config import PivotConfig
-
-#: Trainer fields that the run derives from other settings; setting them under `algo` would be
-#: silently overwritten, so `check_algo` refuses that and names where to set them instead.
-DERIVED_TRAINER_FIELDS: dict[str, str] = {
-    "staleness": "deploy.staleness",
-    "world_size": "deploy.allocation.train (the training home set)",
-    "seed": "seed",
-    "backend": "cluster.accelerator",
-    "device": "cluster.accelerator",
-    "num_threads": "cluster.threads_per_device",
-    "logprob_temperature": "algo.rollout_temperature",
-}
-
 
 def _mode(cfg: PivotConfig) -> str:
     return getattr(cfg.deploy.mode, "value", str(cfg.deploy.mode))
@@ -108,24 +96,21 @@ class Resolved:
     lr_decay_steps: int
     """algo.lr_decay_steps, where null means over the run's train.steps."""
 
-    def trainer(self, cfg: PivotConfig, world_size: int) -> TrainerConfig:
-        """`cfg.algo` as one trainer of `world_size` ranks receives it."""
+    def trainer(self, cfg: PivotConfig, world_size: int) -> TrainerSpec:
+        """The spec of one trainer of `world_size` ranks: `cfg.algo` plus what the run derives."""
         on_cpu = self.accelerator == "cpu"
-        return dataclasses.replace(
+        return TrainerSpec.of(
             cfg.algo, staleness=self.staleness, world_size=int(world_size), seed=int(cfg.seed),
             backend="gloo" if on_cpu else "nccl", device=self.accelerator,
             num_threads=int(cfg.cluster.threads_per_device), lr_decay_steps=self.lr_decay_steps,
             # the engines' log-prob convention (engines/protocol.py): at T, or at 1 for greedy
             logprob_temperature=float(cfg.algo.rollout_temperature) or 1.0)
 
-
-def check_algo(algo: TrainerConfig) -> None:
-    """Refuse derived trainer fields set under `algo` (they would be overwritten)."""
-    default = TrainerConfig()
-    for name, where in DERIVED_TRAINER_FIELDS.items():
-        if getattr(algo, name) != getattr(default, name):
-            raise ConfigError(name, f"left at its default {getattr(default, name)!r}: the run sets it from "
-                              f"{where}", getattr(algo, name), "algo")
+    def engine(self, cfg: PivotConfig, role: str) -> EngineSpec:
+        """The spec of one replica's engine of inference role `role` (`rollout` | `reward`): the
+        user's engine settings, the role's replica size (`models.policy.tp` / `models.genrm.tp`)
+        and its sleep level (`EngineSpec.for_role`)."""
+        return EngineSpec.for_role(cfg.engine, role, tensor_parallel_size=self.tp[role])
 
 
 def resolve(cfg: PivotConfig) -> Resolved:

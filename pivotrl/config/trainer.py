@@ -1,4 +1,7 @@
-"""`TrainerConfig`: every knob of the GRPO trainer (`pivotrl.trainer.trainer`), with validation.
+"""The GRPO trainer's settings: `AlgoConfig`, what a user sets (the `algo` group), and
+`TrainerSpec`, what one trainer (`pivotrl.trainer.trainer`) receives: the user's settings plus the
+ones the run derives (world size, staleness, seed, devices, threads, log-prob temperature, the
+resolved decay), built by `pivotrl.config.resolve` and never set by a user.
 
 Owns: field names, defaults, per-field docs and the checks that reject bad values with an error
 naming the field, and the registries of the names `algo.advantage_estimator` and `algo.loss` may
@@ -30,15 +33,15 @@ OFF_POLICY = ("behaviour", "decoupled")
 
 
 @dataclass
-class TrainerConfig:
-    """Configuration of one GRPO trainer (one policy, `world_size` FSDP2 ranks)."""
+class AlgoConfig:
+    """The GRPO trainer's settings a user chooses (`algo.*`); the derived ones are `TrainerSpec`'s."""
 
     # --- optimiser -----------------------------------------------------------------------------
     lr: float = 1e-5
     """AdamW peak learning rate."""
     lr_decay_steps: int | None = 0
     """0: constant `lr`. null: over the run's `train.steps` (resolved by `pivotrl.config.resolve`
-    before a trainer sees it). Otherwise the rate falls linearly from `lr` at version 0 to
+    into the `TrainerSpec`; a trainer never sees null). Otherwise the rate falls linearly from `lr` at version 0 to
     `lr * lr_min_ratio` at this many versions, and stays there (the policy a run ends with is then
     not one noisy full-size step away from where it was)."""
     lr_min_ratio: float = 0.1
@@ -97,10 +100,7 @@ class TrainerConfig:
     """KL estimator: k1, k2 or k3 (see `pivotrl.rl.losses.kl_penalty`)."""
     rollout_temperature: float = 1.0
     """Sampling temperature of the policy's rollouts (GRPO needs diverse groups); the trainer's
-    log-probs are taken at the same temperature (`logprob_temperature`, derived: 1 for greedy)."""
-    logprob_temperature: float = 1.0
-    """Logits are divided by this before log-softmax; set it to the rollout temperature so
-    recomputed log-probs describe the distribution the samples were drawn from. > 0."""
+    log-probs are taken at the same temperature (`TrainerSpec.logprob_temperature`: 1 for greedy)."""
 
     off_policy: str = "behaviour"
     """How samples from an older policy are corrected (they carry the behaviour policy's
@@ -111,18 +111,7 @@ class TrainerConfig:
     behaviour_is_cap: float = 2.0
     """Truncation of the decoupled importance weight pi_prox/pi_behaviour. > 0."""
 
-    # --- asynchrony ----------------------------------------------------------------------------
-    staleness: int = 2
-    """A sample generated under policy version v is trained at step t only if t - v <= staleness;
-    staler samples are rejected and counted. 0 means strictly on-policy. >= 0."""
-
-    # --- processes and devices -----------------------------------------------------------------
-    world_size: int = 1
-    """Number of FSDP2 ranks (worker processes). >= 1."""
-    backend: str = "auto"
-    """Collective backend: auto (nccl on CUDA, gloo on CPU), gloo or nccl."""
-    device: str = "auto"
-    """Training device kind: auto (cuda when available), cpu or cuda."""
+    # --- memory and precision ------------------------------------------------------------------
     param_dtype: str = "float32"
     """Dtype of parameters in forward/backward (FSDP2 mixed precision); master weights, gradient
     reduction and optimizer state stay float32. bfloat16 is meant for GPUs."""
@@ -142,11 +131,6 @@ class TrainerConfig:
     publish_dtype: str = "float32"
     """Dtype of the weights `full_state_dict` and the publish callback hand out: set it to the
     GPS store's dtype (a bfloat16 store rejects float32 tensors). float32 or bfloat16."""
-    num_threads: int = 1
-    """torch intra-op threads of each spawned rank process (CPU runs share few cores). A rank
-    hosted in the caller's process, or built by a Ray actor, keeps that process's setting. >= 1."""
-    seed: int = 0
-    """Seeds torch/numpy/random in every rank (rank added), so runs repeat."""
     timeout_s: float = 600.0
     """How long the driver waits for a worker reply before it declares the group dead. > 0."""
 
@@ -205,6 +189,53 @@ class TrainerConfig:
             bad("kl_estimator", str(list(KL_ESTIMATORS)))
         if not self.rollout_temperature >= 0:
             bad("rollout_temperature", ">= 0")
+        if self.param_dtype not in PARAM_DTYPES:
+            bad("param_dtype", str(list(PARAM_DTYPES)))
+        if not self.timeout_s > 0:
+            bad("timeout_s", "> 0")
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class TrainerSpec(AlgoConfig):
+    """One GRPO trainer (one policy, `world_size` FSDP2 ranks) as it runs: the user's `algo`
+    settings plus the derived ones below. A run builds it in `Resolved.trainer` only; library use
+    (tests, benchmarks) may construct one directly."""
+
+    # --- asynchrony ----------------------------------------------------------------------------
+    staleness: int = 2
+    """A sample generated under policy version v is trained at step t only if t - v <= staleness;
+    staler samples are rejected and counted. 0 means strictly on-policy. >= 0. From `deploy.staleness`."""
+
+    # --- processes and devices -----------------------------------------------------------------
+    world_size: int = 1
+    """Number of FSDP2 ranks (worker processes). >= 1. The training home set's size."""
+    backend: str = "auto"
+    """Collective backend: auto (nccl on CUDA, gloo on CPU), gloo or nccl. From `cluster.accelerator`."""
+    device: str = "auto"
+    """Training device kind: auto (cuda when available), cpu or cuda. From `cluster.accelerator`."""
+    num_threads: int = 1
+    """torch intra-op threads of each spawned rank process (CPU runs share few cores). A rank
+    hosted in the caller's process, or built by a Ray actor, keeps that process's setting. >= 1.
+    From `cluster.threads_per_device`."""
+    seed: int = 0
+    """Seeds torch/numpy/random in every rank (rank added), so runs repeat. From `seed`."""
+    logprob_temperature: float = 1.0
+    """Logits are divided by this before log-softmax, so recomputed log-probs describe the
+    distribution the samples were drawn from: `algo.rollout_temperature`, or 1 for greedy. > 0."""
+
+    def validate(self) -> None:
+        """`AlgoConfig.validate`, the derived fields, and a resolved `lr_decay_steps`."""
+        super().validate()
+
+        def bad(name: str, allowed: str) -> None:
+            raise ConfigError(name, allowed, getattr(self, name))
+
+        if self.lr_decay_steps is None:
+            bad("lr_decay_steps", "an int >= 0 (a trainer's decay is resolved: null means over train.steps in the "
+                "config only)")
         if not self.logprob_temperature > 0:
             bad("logprob_temperature", "> 0")
         if not (isinstance(self.staleness, int) and self.staleness >= 0):
@@ -217,12 +248,11 @@ class TrainerConfig:
             bad("device", str(list(DEVICES)))
         if self.device == "cpu" and self.backend == "nccl":
             bad("backend", "gloo or auto when device='cpu' (NCCL needs CUDA)")
-        if self.param_dtype not in PARAM_DTYPES:
-            bad("param_dtype", str(list(PARAM_DTYPES)))
         if not (isinstance(self.num_threads, int) and self.num_threads >= 1):
             bad("num_threads", "an int >= 1")
-        if not self.timeout_s > 0:
-            bad("timeout_s", "> 0")
 
-    def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+    @classmethod
+    def of(cls, algo: AlgoConfig, **derived: object) -> TrainerSpec:
+        """`algo`'s settings with the derived fields `derived` (`Resolved.trainer`; a resolved
+        `lr_decay_steps` replaces the user's)."""
+        return cls(**{**{f.name: getattr(algo, f.name) for f in fields(AlgoConfig)}, **derived})

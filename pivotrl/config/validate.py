@@ -11,10 +11,7 @@ if TYPE_CHECKING:
 
 
 def validate_cross_fields(cfg: "PivotConfig") -> None:
-    """Raise `ConfigError` if devices do not add up, a replica does not fit the cluster, or a
-    setting the run derives was set by hand."""
-    from pivotrl.config.resolve import check_algo
-
+    """Raise `ConfigError` if devices do not add up or a replica does not fit the cluster."""
     cl, dep, models = cfg.cluster, cfg.deploy, cfg.models
     if not all(hasattr(x, "__dataclass_fields__") for x in (cl, dep, models)):
         return  # still a schema with MISSING groups (ConfigStore registration)
@@ -29,13 +26,8 @@ def validate_cross_fields(cfg: "PivotConfig") -> None:
         if tp > min(n, node) or min(n, node) % tp:
             raise ConfigError("tp", f"a divisor of the devices per node, min(cluster.num_devices={n}, "
                               f"cluster.node_size={node})", tp, f"models.{role}")
-    eng = getattr(cfg, "engine", None)
-    if getattr(eng, "vllm_tensor_parallel_size", 1) != 1:
-        raise ConfigError("vllm_tensor_parallel_size", "1 (each replica's is set from models.policy.tp / "
-                          "models.genrm.tp)", eng.vllm_tensor_parallel_size, "engine")
     tp_of = {"rollout": models.policy.tp, "reward": models.genrm.tp, "train": 1}
     try:
         dep.check_allocation(n, tp_of)
     except ConfigError as e:
         raise e.at("deploy") from None
-    check_algo(cfg.algo)

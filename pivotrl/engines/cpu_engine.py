@@ -65,7 +65,10 @@ class CPUEngine:
     """One device per replica (a replica of several devices needs vLLM)."""
 
     def __init__(self, model_path: str | Path, cfg: EngineConfig | None = None, version: int = 0,
-                 tokenizer_path: str | Path | None = None) -> None:
+                 tokenizer_path: str | Path | None = None, *, tensor_parallel_size: int = 1) -> None:
+        if tensor_parallel_size != 1:
+            raise ValueError(f"the cpu engine runs one device per replica, not tensor_parallel_size="
+                             f"{tensor_parallel_size} (a replica of several devices needs engine=vllm)")
         self.cfg = cfg or EngineConfig(name="cpu")
         self.model_path = Path(model_path)
         if self.cfg.num_threads:

@@ -25,7 +25,7 @@ Behaviour log-probs (what PPO's importance ratio needs, DESIGN.md §4.2 stalenes
 distribution the engine sampled it from, taken as `log_softmax(logits / T)` at that token, where
 `T` is the request's temperature, or 1 for greedy requests (temperature 0: the model's own
 distribution, whose argmax was taken). This is the same quantity the trainer recomputes with
-`TrainerConfig.logprob_temperature = T` (the runtime sets it to the rollout temperature), so an
+`TrainerSpec.logprob_temperature = T` (the runtime sets it to the rollout temperature), so an
 on-policy sample has ratio exactly 1 up to float error, and a stale one has the true ratio
 pi_current / pi_behaviour. It is taken *before* top-p truncation, like the trainer's: with
 `top_p < 1` the CPU engine's value is the full tempered softmax, while vLLM (`processed_logprobs`)

@@ -40,8 +40,9 @@ def engine_class(name: str) -> type:
 
 
 def create_engine(model_path: str | Path, cfg: EngineConfig | str | None = None, version: int = 0,
-                  tokenizer_path: str | Path | None = None) -> InferenceEngine:
-    """Start the engine `cfg.name` on a Hugging Face model folder.
+                  tokenizer_path: str | Path | None = None, *, tensor_parallel_size: int = 1) -> InferenceEngine:
+    """Start the engine `cfg.name` on a Hugging Face model folder, across `tensor_parallel_size`
+    devices (an `EngineSpec`'s; only vLLM runs more than one).
 
     A folder that does not load (missing, no config.json, bad weights, bad tokenizer) raises
     ValueError naming the folder."""
@@ -51,4 +52,5 @@ def create_engine(model_path: str | Path, cfg: EngineConfig | str | None = None,
     path = Path(model_path)
     if not path.is_dir():
         raise ValueError(f"model folder {str(path)!r} does not exist or is not a folder")
-    return engine_class(cfg.name)(path, cfg, version=version, tokenizer_path=tokenizer_path)
+    return engine_class(cfg.name)(path, cfg, version=version, tokenizer_path=tokenizer_path,
+                                  tensor_parallel_size=tensor_parallel_size)

@@ -80,10 +80,11 @@ class VLLMEngine:
     def __init__(self, model_path: str | Path, cfg: EngineConfig | None = None, version: int = 0,
                  tokenizer_path: str | Path | None = None, *,
                  client_factory: Callable[["VLLMEngine"], Any] | None = None,
-                 sleep_mode: bool | None = None) -> None:
+                 sleep_mode: bool | None = None, tensor_parallel_size: int = 1) -> None:
         """`client_factory(engine)` builds the AsyncLLM-like client on the engine's loop thread
         (default: vLLM's `AsyncLLM` from this engine's settings); `sleep_mode` None asks the
-        platform whether vLLM can sleep (CUDA, ROCm, XPU: yes; the CPU build: no)."""
+        platform whether vLLM can sleep (CUDA, ROCm, XPU: yes; the CPU build: no);
+        `tensor_parallel_size`: the devices the engine runs across (`EngineSpec`)."""
         from transformers import AutoConfig
 
         self.cfg = cfg or EngineConfig(name="vllm")
@@ -112,7 +113,8 @@ class VLLMEngine:
         self.last_wake: dict[str, float] = {}
         self.sleep_mode = sleep_supported() if sleep_mode is None else bool(sleep_mode)
         factory = client_factory or _start_async_llm
-        self._client = VLLMClient(lambda: factory(self), self.cfg.vllm_tensor_parallel_size)
+        self._requested_tp = int(tensor_parallel_size)
+        self._client = VLLMClient(lambda: factory(self), self._requested_tp)
         self._client.start(self.cfg, self.model_path)
 
     # ------------------------------------------------------------------ engine lifecycle
@@ -123,8 +125,7 @@ class VLLMEngine:
 
     def engine_args(self) -> Any:
         """vLLM's `AsyncEngineArgs` for this engine (what the default client factory starts)."""
-        return async_engine_args(self.model_path, self.cfg, self.max_model_len, self.cfg.vllm_tensor_parallel_size,
-                                 self.sleep_mode)
+        return async_engine_args(self.model_path, self.cfg, self.max_model_len, self._requested_tp, self.sleep_mode)
 
     def stat_logger_factory(self) -> type:
         """The vLLM stat logger class that turns engine batches into this engine's timing samples."""
@@ -289,10 +290,9 @@ class VLLMEngine:
         """Sum of the worker's parameters (through the worker extension)."""
         return self._client.weight_checksum()
 
-    def release_memory(self, level: int | None = None) -> None:
+    def release_memory(self, level: int = 2) -> None:
         """Free device memory (module docstring: Memory release). `level` 1 keeps the weights in
-        host memory (frozen models), 2 discards them; None takes `EngineConfig.vllm_sleep_level`."""
-        level = self.cfg.vllm_sleep_level if level is None else level
+        host memory (frozen models), 2 discards them (the role hosts pass their `EngineSpec`'s)."""
         if level not in (1, 2):
             raise ValueError(f"release_memory: level must be 1 or 2, got {level!r}")
         with self._lock:

@@ -6,7 +6,7 @@ tokens, models or torch: inputs and outputs are numpy arrays, so the trainer, th
 and tests call the same functions. Token-level broadcasting (one advantage for every response
 token of a sample, outcome reward) happens in the trainer.
 
-Registered estimators (the config string `TrainerConfig.advantage_estimator` is the key):
+Registered estimators (the config string `algo.advantage_estimator` is the key):
 
 - `grpo`: `A_i = (r_i - mean_g) / (std_g + eps)` over the samples of group `g`. `std` is the
   unbiased sample standard deviation (Bessel's correction), as in verl and the GRPO paper's code.

@@ -4,7 +4,7 @@ Owns: the per-token loss arithmetic and how token losses are aggregated into one
 nothing about models, micro-batches or processes: every function takes `[batch, tokens]` tensors
 plus a 0/1 `mask` of valid response tokens, and returns a scalar loss and detached metrics.
 
-Aggregation modes (`TrainerConfig.loss_agg_mode`):
+Aggregation modes (`algo.loss_agg_mode`):
 
 - `token-mean`: sum of token losses / number of valid tokens (DAPO / verl default; long and short
   responses weigh the same per token).
@@ -17,7 +17,7 @@ of the batch. `denominator` overrides the local count (valid tokens for `token-m
 the `seq-*` modes) so that summing the micro-batch losses of every rank gives exactly the loss of
 the whole batch. Sequences with no valid token contribute 0 and are not counted by the local count.
 
-Registered policy losses (`TrainerConfig.loss`):
+Registered policy losses (`algo.loss`):
 
 - `ppo_clip`: `max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))` per token, with
   `r = exp(logp - old_logp)`; asymmetric clip ranges allow DAPO's clip-higher.

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -117,7 +116,10 @@ class Launch:
         path = self.policy_path if slot.role == Role.ROLLOUT else self.genrm_path
         # a replica of several devices: its first device runs the engine with tensor parallelism
         # across the slot; every other device of the slot is a member holding nothing
-        engine = replace(self.cfg.engine, vllm_tensor_parallel_size=slot.tp)
+        engine = self.r.engine(self.cfg, slot.role.value)
+        if engine.tensor_parallel_size != slot.tp:
+            raise ValueError(f"slot {slot.slot_id} spans {slot.tp} device(s), but {slot.role.value} replicas "
+                             f"have {engine.tensor_parallel_size}")
         return RoleSpec(slot.role, "policy" if slot.role == Role.ROLLOUT else "genrm", str(path), engine=engine,
                         leader=slot.first_device if index > 0 else None)
 

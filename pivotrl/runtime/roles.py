@@ -52,8 +52,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Optional, Union
 from pivotrl.core.types import Role
 
 if TYPE_CHECKING:
-    from pivotrl.config.engine import EngineConfig
-    from pivotrl.config.trainer import TrainerConfig
+    from pivotrl.config.engine import EngineSpec
+    from pivotrl.config.trainer import TrainerSpec
     from pivotrl.engines.protocol import InferenceEngine
     from pivotrl.engines.weight_sync import GPSWeights
     from pivotrl.trainer.trainer_worker import TrainerWorker
@@ -134,9 +134,9 @@ class RoleSpec:
     """GPS model key (`policy` or `genrm`)."""
     model_path: str
     """Hugging Face folder the role is built from (weights are then replaced by a GPS read)."""
-    engine: EngineConfig | None = None
-    """For rollout/reward."""
-    trainer: TrainerConfig | None = None
+    engine: EngineSpec | None = None
+    """For rollout/reward: the replica's engine (`Resolved.engine`)."""
+    trainer: TrainerSpec | None = None
     """For training."""
     rank: int = 0
     """Training rank of this device within the home set."""
@@ -156,10 +156,10 @@ class RoleSpec:
 
     def __post_init__(self) -> None:
         if self.role in (Role.ROLLOUT, Role.REWARD) and self.engine is None:
-            raise ValueError(f"RoleSpec for {self.role.value} needs an EngineConfig (RoleSpec.engine)")
+            raise ValueError(f"RoleSpec for {self.role.value} needs an EngineSpec (RoleSpec.engine)")
         if self.role == Role.TRAIN:
             if self.trainer is None:
-                raise ValueError("RoleSpec for train needs a TrainerConfig (RoleSpec.trainer)")
+                raise ValueError("RoleSpec for train needs a TrainerSpec (RoleSpec.trainer)")
             if not 0 <= self.rank < self.world_size:
                 raise ValueError(f"RoleSpec.rank={self.rank} must be in [0, world_size={self.world_size})")
             if self.world_size > 1 and not self.init_method:
@@ -199,7 +199,7 @@ def build_engine(spec: RoleSpec) -> InferenceEngine:
     """Construct the inference engine of `spec` through the engine registry (`engine.name` picks it)."""
     from pivotrl.engines.registry import create_engine
 
-    return create_engine(spec.model_path, spec.engine)
+    return create_engine(spec.model_path, spec.engine.settings, tensor_parallel_size=spec.engine.tensor_parallel_size)
 
 
 class InferenceHost(RoleHost):
@@ -221,8 +221,9 @@ class InferenceHost(RoleHost):
 
     @property
     def sleep_level(self) -> int:
-        """1 for the frozen GenRM (reward), 2 for the policy (rollout): see the module docstring."""
-        return 1 if self.role == Role.REWARD else 2
+        """The engine spec's: 1 for the frozen GenRM (reward), 2 for the policy (rollout), see the
+        module docstring."""
+        return self.spec.engine.sleep_level
 
     def needs_parameters(self) -> bool:
         """Whether the next shift up needs a state dict from GPS: not when the engine kept its

@@ -1,5 +1,5 @@
 """Device and process-group helpers of the trainer ranks: which device and collective backend a
-`TrainerConfig` means, and joining the default process group."""
+`TrainerSpec` means, and joining the default process group."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -7,18 +7,18 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from pivotrl.config.trainer import TrainerConfig
+from pivotrl.config.trainer import TrainerSpec
 
 __all__ = ["init_process_group", "resolve_device"]
 
 
-def resolve_device(cfg: TrainerConfig) -> tuple[str, str]:
+def resolve_device(cfg: TrainerSpec) -> tuple[str, str]:
     """(device kind, backend) from `cfg.device` / `cfg.backend`, resolving `auto`."""
     kind = cfg.device
     if kind == "auto":
         kind = "cuda" if torch.cuda.is_available() else "cpu"
     if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError("TrainerConfig.device='cuda' but CUDA is not available; use 'cpu' or 'auto'")
+        raise ValueError("TrainerSpec.device='cuda' but CUDA is not available; use 'cpu' or 'auto'")
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if kind == "cuda" else "gloo")
     return kind, backend
 

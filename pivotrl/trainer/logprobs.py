@@ -54,7 +54,7 @@ def install_hidden_head(model: torch.nn.Module) -> HiddenStateHead:
     old = model.get_output_embeddings()
     if not isinstance(old, torch.nn.Linear):
         raise ValueError(f"{type(model).__name__}'s output embedding is a {type(old).__name__}, not nn.Linear: "
-                         "chunked log-probs need a linear LM head (set TrainerConfig.logprob_chunk_tokens=0)")
+                         "chunked log-probs need a linear LM head (set algo.logprob_chunk_tokens=0)")
     if isinstance(old, HiddenStateHead):
         return old
     head = HiddenStateHead(old.in_features, old.out_features, bias=old.bias is not None, device="meta")

@@ -180,5 +180,5 @@ def check_fits(shape: ModelShape, *, devices: Sequence[int], device_memory_bytes
             f"{device_memory_bytes / GiB:.1f} GiB ({usable / GiB:.1f} GiB usable after a {reserve_fraction:.0%} reserve) "
             f"at micro_batch_tokens={micro_batch_tokens}, param_dtype={param_dtype}, "
             f"gradient_checkpointing={gradient_checkpointing}. Use more home devices, fewer tokens per micro-batch "
-            "(TrainerConfig.micro_batch_tokens) or gradient checkpointing.")
+            "(algo.micro_batch_tokens) or gradient checkpointing.")
     return est

@@ -44,7 +44,7 @@ def read_mapped_state_dict(model_path: Path) -> dict[str, torch.Tensor]:
 
     if not any(Path(model_path).glob("*.safetensors")):
         raise ValueError(f"model folder {str(model_path)!r} has no *.safetensors files "
-                         "(meta-device init reads safetensors; set TrainerConfig.init_on_meta=false)")
+                         "(meta-device init reads safetensors; set algo.init_on_meta=false)")
     return read_safetensors_dir(model_path)
 
 
@@ -62,7 +62,7 @@ def _rebuild_rotary(model: torch.nn.Module, device: torch.device) -> None:
         lost = [b for b in getattr(mod, "_non_persistent_buffers_set", ()) if getattr(mod, b, None) is not None]
         if lost:
             raise ValueError(f"module {name or type(model).__name__} has non-persistent buffers {sorted(lost)} that "
-                             "meta-device init cannot restore; set TrainerConfig.init_on_meta=false")
+                             "meta-device init cannot restore; set algo.init_on_meta=false")
 
 
 def build_sharded_model(auto_cls: Any, model_path: Path, device: torch.device, *, world_size: int,

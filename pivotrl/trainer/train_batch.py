@@ -81,7 +81,7 @@ class TrainBatch:
       per batch that is exactly verl's "recompute old log-probs before the update", so the ratio
       is 1 and PPO-clip reduces to the policy gradient. Pass them for stale samples if the
       importance ratio should correct for staleness. With several mini-batches or epochs per
-      batch (`TrainerConfig.ppo_mini_batches`, `ppo_epochs`), None means "recompute once before
+      batch (`algo.ppo_mini_batches`, `ppo_epochs`), None means "recompute once before
       the first optimizer step".
     """
 

@@ -9,11 +9,11 @@ instead of the processes started here.
 
 Usage::
 
-    from pivotrl.config.trainer import TrainerConfig
+    from pivotrl.config.trainer import TrainerSpec
     from pivotrl.trainer.trainer import Trainer
     from pivotrl.trainer.train_batch import TrainBatch
 
-    with Trainer(TrainerConfig(world_size=2, lr=1e-4), "/path/to/hf_policy",
+    with Trainer(TrainerSpec(world_size=2, lr=1e-4), "/path/to/hf_policy",
                  publish=lambda version, sd: engine.load_weights(sd, version)) as tr:
         m = tr.step(TrainBatch(prompt_ids=..., response_ids=..., versions=[tr.version] * n,
                                rewards=..., group_ids=...))      # -> {"loss": ..., "version": 1, ...}
@@ -65,7 +65,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from pivotrl.config.trainer import TrainerConfig
+from pivotrl.config.trainer import TrainerSpec
 from pivotrl.trainer.dist import init_process_group, resolve_device
 from pivotrl.trainer.train_batch import TrainBatch
 from pivotrl.trainer.trainer_checkpoint import latest_checkpoint
@@ -83,7 +83,7 @@ class WeightPublisher(Protocol):
     def __call__(self, version: int, state_dict: dict[str, torch.Tensor]) -> None: ...
 
 
-def _rank_main(rank: int, cfg: TrainerConfig, model_path: str, init_method: str, backend: str,
+def _rank_main(rank: int, cfg: TrainerSpec, model_path: str, init_method: str, backend: str,
                commands: Any, replies: Any) -> None:
     """Entry of a spawned rank: join the group, build the worker, then serve commands until
     'close'. Only rank 0's return values travel back; other ranks send None."""
@@ -119,7 +119,7 @@ def _rank_main(rank: int, cfg: TrainerConfig, model_path: str, init_method: str,
 class Trainer:
     """FSDP2 GRPO trainer over `cfg.world_size` ranks. See the module docstring for the API."""
 
-    def __init__(self, cfg: TrainerConfig, model_path: str | os.PathLike, *,
+    def __init__(self, cfg: TrainerSpec, model_path: str | os.PathLike, *,
                  publish: WeightPublisher | None = None, spawn: bool | None = None):
         cfg.validate()
         self.cfg = cfg
@@ -133,7 +133,7 @@ class Trainer:
         self.publish = publish
         self._spawn = cfg.world_size > 1 if spawn is None else spawn
         if not self._spawn and cfg.world_size != 1:
-            raise ValueError(f"spawn=False hosts a single rank; TrainerConfig.world_size={cfg.world_size} needs spawn")
+            raise ValueError(f"spawn=False hosts a single rank; TrainerSpec.world_size={cfg.world_size} needs spawn")
         self._kind, backend = resolve_device(cfg)
         self._store_dir = tempfile.mkdtemp(prefix="pivotrl-trainer-")
         init_method = f"file://{self._store_dir}/store"

@@ -110,7 +110,7 @@ class Checkpointer:
         limit = self.timeout_s if timeout_s is None else timeout_s
         if not futures_wait([job.future], timeout=limit).done:
             raise TimeoutError(f"checkpoint {str(job.path)!r} is still being written after {limit:.1f}s "
-                               f"(started {time.monotonic() - job.started:.1f}s ago; bound: TrainerConfig.timeout_s)")
+                               f"(started {time.monotonic() - job.started:.1f}s ago; bound: algo.timeout_s)")
         self._inflight = None
         err = job.future.exception()
         if isinstance(err, CheckpointError):

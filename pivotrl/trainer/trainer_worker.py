@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from pivotrl.config.trainer import TrainerConfig
+from pivotrl.config.trainer import TrainerSpec
 from pivotrl.trainer import trainer_checkpoint
 from pivotrl.trainer.batching import plan_micro_batches
 from pivotrl.trainer.logprobs import padded_rows, token_log_probs
@@ -55,7 +55,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class TrainerWorker:
     """The rank-local trainer. Every public method is collective: call it on all ranks."""
 
-    def __init__(self, cfg: TrainerConfig, model_path: str | os.PathLike, device: torch.device | str | None = None):
+    def __init__(self, cfg: TrainerSpec, model_path: str | os.PathLike, device: torch.device | str | None = None):
         from transformers import AutoModelForCausalLM
 
         if not dist.is_initialized():
@@ -328,7 +328,7 @@ class TrainerWorker:
     # -------------------------------------------------------------------- publish / state
     def full_state_dict(self, dtype: str | None = None) -> dict[str, torch.Tensor] | None:
         """The full (unsharded) policy on CPU with Hugging Face names, in `dtype` (default
-        `TrainerConfig.publish_dtype`: the GPS store's dtype); rank 0 only (None elsewhere)."""
+        `algo.publish_dtype`: the GPS store's dtype); rank 0 only (None elsewhere)."""
         self._require_loaded("full_state_dict")
         want = getattr(torch, dtype or self.cfg.publish_dtype)
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -415,7 +415,7 @@ class TrainerWorker:
         """Block until the save in flight is complete (`trainer_state.json` written, every rank
         done); return its folder, or None if none was in flight. Raises `CheckpointError` naming
         the folder if it failed (same on every rank), `TimeoutError` after `timeout_s` (default
-        `TrainerConfig.timeout_s`). Local: no collective on the training group."""
+        `algo.timeout_s`). Local: no collective on the training group."""
         return self._checkpoints.wait(timeout_s)
 
     def checkpoint_pending(self) -> str | None:

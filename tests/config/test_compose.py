@@ -72,6 +72,10 @@ def test_default_is_the_embedded_real_run():
     (["cluster.runtime.lr=0.1"], "algo.lr"),                             # renamed: names the new key
     (["models.sim.prompts_per_step=8"], "train.prompts_per_step"),
     (["algo.staleness=3"], "deploy.staleness"),                          # derived: says where to set it
+    (["algo.world_size=2"], "deploy.allocation.train"),
+    (["algo.logprob_temperature=0.5"], "algo.rollout_temperature"),
+    (["engine.vllm_tensor_parallel_size=2"], "models.policy.tp"),
+    (["engine.vllm_sleep_level=1"], "rollout 2, reward 1"),
     (["deploy=colocated", "deploy.allocation.train=1"], "deploy.allocation"),
     (["cluster.accelerator=tpu"], "cluster.accelerator"),
     (["data.max_response_length=0"], "data.max_response_length"),           # 0 no longer means "the default"
@@ -102,8 +106,14 @@ def test_resolve_derives_without_mutating():
     assert (r.num_devices, r.staleness, r.allocation) == (4, 0, {})
     p = resolve(make([]))
     assert p.allocation == {"train": 1} and p.staleness == 2 and p.lr_decay_steps == 30
-    t = p.trainer(make([]), world_size=2)
+    cfg0 = make([])
+    assert not hasattr(cfg0.algo, "staleness") and cfg0.algo.lr_decay_steps is None  # the user's own settings only
+    t = p.trainer(cfg0, world_size=2)
     assert (t.world_size, t.staleness, t.backend, t.lr_decay_steps, t.lr) == (2, 2, "gloo", 30, 5e-4)
+    assert t.logprob_temperature == cfg0.algo.rollout_temperature and t.num_threads == cfg0.cluster.threads_per_device
+    reward, rollout = p.engine(cfg0, "reward"), p.engine(cfg0, "rollout")
+    assert (reward.settings, reward.tensor_parallel_size, reward.sleep_level) == (cfg0.engine, 1, 1)
+    assert rollout.sleep_level == 2
 
 
 def test_config_error_carries_the_path():

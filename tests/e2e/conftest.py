@@ -50,7 +50,7 @@ def make_local_cfg(assets, mode: str, overrides: list[str] = ()):
 def policy_executor(policy: Path, num_devices: int = 2):
     """A private cluster of `num_devices` CPU devices, GPS on it holding `policy`, and an executor
     whose rollout slots host `policy` on the CPU engine (ready); everything closed on exit."""
-    from pivotrl.config.engine import EngineConfig
+    from pivotrl.config.engine import EngineConfig, EngineSpec
     from pivotrl.config.gps import GPSConfig
     from pivotrl.core.types import Role
     from pivotrl.runtime.cluster import ClusterSpec, start_cluster
@@ -64,7 +64,8 @@ def policy_executor(policy: Path, num_devices: int = 2):
     try:
         params.register_hf("policy", str(policy), frozen=False)
         eng = EngineConfig(name="cpu", num_threads=1, kv_capacity_tokens=4096)
-        ex = Executor(cl, lambda slot, i: RoleSpec(slot.role, "policy", str(policy), engine=eng), params,
+        ex = Executor(cl, lambda slot, i: RoleSpec(slot.role, "policy", str(policy),
+                                                   engine=EngineSpec.for_role(eng, slot.role.value)), params,
                       {Role.ROLLOUT: "policy"})
         ex.wait_ready()
         yield ex

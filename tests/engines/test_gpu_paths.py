@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pivotrl.config.engine import EngineConfig
-from pivotrl.config.trainer import TrainerConfig
+from pivotrl.config.trainer import TrainerSpec
 from pivotrl.engines.protocol import GenerationRequest, SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -29,7 +29,7 @@ def _batch(n, vocab, version=0):
 def test_bf16_trainer_offload_empties_the_cache_and_reuses_pinned_buffers(tiny_dir):
     from pivotrl.trainer.trainer import Trainer
 
-    cfg = TrainerConfig(device="cuda", param_dtype="bfloat16", gradient_checkpointing=True, logprob_chunk_tokens=32,
+    cfg = TrainerSpec(device="cuda", param_dtype="bfloat16", gradient_checkpointing=True, logprob_chunk_tokens=32,
                         micro_batch_tokens=256, publish_dtype="bfloat16")
     with Trainer(cfg, tiny_dir) as tr:
         tr.step(_batch(8, 128))

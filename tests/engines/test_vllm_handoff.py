@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pivotrl.config.engine import EngineConfig
+from pivotrl.config.engine import EngineConfig, EngineSpec
 from pivotrl.engines.errors import EngineFailedError, EngineLoadError, EngineWakeError
 from pivotrl.engines.protocol import GenerationRequest, SamplingParams
 
@@ -113,7 +113,7 @@ def test_policy_sleeps_level2_then_wakes_weights_loads_then_wakes_kv(make_engine
 def test_level2_without_weights_reloads_the_folder(make_engine, tiny_dir):
     eng, llm = make_engine()
     eng.load_weights(_sd(1.0), version=3)
-    eng.release_memory()  # EngineConfig.vllm_sleep_level defaults to 2
+    eng.release_memory()  # level 2 by default, as the protocol's
     eng.reacquire_memory()
     assert ("sleep", 2) in llm.calls and eng.version == 0  # the folder's weights: the initial version
     assert set(llm.loaded[-1]) >= {"model.norm.weight", "model.embed_tokens.weight"}
@@ -165,5 +165,7 @@ def test_bad_sleep_level_is_rejected(make_engine):
     eng, _ = make_engine()
     with pytest.raises(ValueError, match="level must be 1 or 2"):
         eng.release_memory(level=3)
-    with pytest.raises(ValueError, match="engine.vllm_sleep_level"):
-        EngineConfig(vllm_sleep_level=0)
+    with pytest.raises(ValueError, match="EngineSpec.sleep_level=0"):
+        EngineSpec(EngineConfig(), sleep_level=0)
+    with pytest.raises(ValueError, match="role must be one of"):
+        EngineSpec.for_role(EngineConfig(), "train")

@@ -9,7 +9,7 @@ import torch
 
 from pivotrl.config.engine import EngineConfig
 from pivotrl.config.gps import GPSConfig
-from pivotrl.config.trainer import TrainerConfig
+from pivotrl.config.trainer import TrainerSpec
 from pivotrl.trainer.trainer import Trainer
 from pivotrl.engines.weight_sync import fsdp_row_range, load_from_gps, publish_shards
 from pivotrl.gps.layout import Layout, ModelSpec
@@ -72,7 +72,7 @@ def test_publish_shards_equals_the_full_state_dict(folder, tmp_path, dtype, tied
     store = GlobalParameterStore(GPSConfig())
     try:
         store.register("policy", spec=_spec(folder, dtype))
-        with Trainer(TrainerConfig(lr=1e-2, device="cpu", staleness=0), folder) as tr:
+        with Trainer(TrainerSpec(lr=1e-2, device="cpu", staleness=0), folder) as tr:
             _train_once(tr)
             v = publish_shards(tr.worker, store, "policy")
             full = tr.worker.full_state_dict(dtype)
@@ -90,7 +90,7 @@ def test_engines_load_their_nodes_gps_file_or_fall_back_to_a_read(folder, ray_st
     from pivotrl.engines.cpu_engine import CPUEngine
 
     ray_store.register("policy", spec=_spec(folder, "float32"))
-    with Trainer(TrainerConfig(lr=5e-2, device="cpu", staleness=0), folder) as tr:
+    with Trainer(TrainerSpec(lr=5e-2, device="cpu", staleness=0), folder) as tr:
         _train_once(tr)
         publish_shards(tr.worker, ray_store, "policy")  # the driver maps node 0's file: local row writes
         full = tr.worker.full_state_dict("float32")
@@ -125,7 +125,7 @@ def _rank_publish(rank: int, world: int, init: str, address: str, store_blob: by
     store = ray.cloudpickle.loads(store_blob)
     init_process_group(rank, world, init, "gloo", 120.0)
     try:
-        worker = TrainerWorker(TrainerConfig(device="cpu", world_size=world), folder)
+        worker = TrainerWorker(TrainerSpec(device="cpu", world_size=world), folder)
         v = publish_shards(worker, store, "policy")
         full = worker.full_state_dict("float32")  # collective; rank 0 gets it
         if rank == 0:

@@ -162,7 +162,7 @@ def test_default_bf16_moe_genrm_on_vllm_matches_transformers(tp) -> None:
     prompts = [list(tok.apply_chat_template(judge_messages(e.prompt, r), tokenize=True, add_generation_prompt=True,
                                             return_dict=False)) for e, r in zip(val, wrong)]
     eng = VLLMEngine(res.genrm_path, EngineConfig(name="vllm", dtype="bfloat16", max_num_seqs=8, num_threads=1,
-                                                  vllm_kv_cache_gib=1, vllm_tensor_parallel_size=tp))
+                                                  vllm_kv_cache_gib=1), tensor_parallel_size=tp)
     try:
         assert eng.tensor_parallel_size == tp
         out = eng.generate([GenerationRequest(i, p, SamplingParams(temperature=0, max_tokens=32))

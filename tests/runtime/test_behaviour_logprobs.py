@@ -63,8 +63,8 @@ def test_ledger_accepts_completions_only_from_where_it_placed_them():
 def test_device_poll_and_abort_carry_logprobs_into_train_batch(setup, tiny_assets):
     """Drive a real device worker the way `local.py` does: submit, poll deltas, abort, resume on
     the same device, complete; the assembled batch's old_log_probs equal the trainer's."""
-    from pivotrl.config.engine import EngineConfig
-    from pivotrl.config.trainer import TrainerConfig
+    from pivotrl.config.engine import EngineConfig, EngineSpec
+    from pivotrl.config.trainer import TrainerSpec
     from pivotrl.trainer.trainer import Trainer
     from pivotrl.runtime.device import DeviceWorker
     from pivotrl.runtime.roles import RoleSpec
@@ -75,7 +75,7 @@ def test_device_poll_and_abort_carry_logprobs_into_train_batch(setup, tiny_asset
         dev = DeviceWorker(0, threads=1)
         try:
             dev.shift_up(RoleSpec(Role.ROLLOUT, "policy", str(tiny_assets["policy"]),
-                                  engine=EngineConfig(name="cpu", num_threads=1)))
+                                  engine=EngineSpec.for_role(EngineConfig(name="cpu", num_threads=1), "rollout")))
             n = setup.P * setup.G
             tokens: dict[int, Tokens] = {}
             responses, versions = {}, {}
@@ -113,7 +113,7 @@ def test_device_poll_and_abort_carry_logprobs_into_train_batch(setup, tiny_asset
     batch = setup.train_batch(ids, {s: float(s % 2) for s in ids}, responses, versions)
     assert batch.old_log_probs is not None
     assert [len(x) for x in batch.old_log_probs] == [len(r) for r in batch.response_ids]
-    with Trainer(TrainerConfig(world_size=1, lr=1e-4, logprob_temperature=TEMP, micro_batch_size=64,
+    with Trainer(TrainerSpec(world_size=1, lr=1e-4, logprob_temperature=TEMP, micro_batch_size=64,
                                num_threads=1), str(tiny_assets["policy"])) as tr:
         ref = tr.compute_log_probs(batch)
     for got, want in zip(batch.old_log_probs, ref):

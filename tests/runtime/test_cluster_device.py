@@ -10,6 +10,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from pivotrl.config.engine import EngineSpec  # noqa: E402
 from pivotrl.core.types import Role  # noqa: E402
 from pivotrl.runtime.cluster import ClusterResourceError, ClusterSpec, cores_for_device, start_cluster  # noqa: E402
 from pivotrl.runtime.device import spawn_device  # noqa: E402
@@ -106,7 +107,7 @@ def test_abort_with_tokens_resume_elsewhere_and_shift(cluster, model_path):
 
     d0, d1 = spawn_device(cluster, 0), spawn_device(cluster, 1)
     try:
-        spec = RoleSpec(Role.ROLLOUT, "policy", model_path, engine=_engine_cfg())
+        spec = RoleSpec(Role.ROLLOUT, "policy", model_path, engine=EngineSpec.for_role(_engine_cfg(), "rollout"))
         sd = {k: v.clone() for k, v in load_hf_model(model_path).state_dict().items()}
         ups = ray.get([d0.shift_up.remote(spec, sd, 3), d1.shift_up.remote(spec, sd, 3)])
         assert all(u.cold and u.version == 3 for u in ups)
@@ -135,7 +136,7 @@ def test_abort_with_tokens_resume_elsewhere_and_shift(cluster, model_path):
         assert down.direction == "down" and down.aborted == {}
         info = ray.get(d0.info.remote())
         assert info["role"] is None and info["dormant"] == ["rollout"]
-        rspec = RoleSpec(Role.REWARD, "genrm", model_path, engine=_engine_cfg())
+        rspec = RoleSpec(Role.REWARD, "genrm", model_path, engine=EngineSpec.for_role(_engine_cfg(), "reward"))
         assert ray.get(d0.shift_up.remote(rspec, None, 0)).cold
         with pytest.raises(ray.exceptions.RayTaskError, match="shift it down first"):
             ray.get(d0.shift_up.remote(spec, sd, 4))

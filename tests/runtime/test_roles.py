@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pivotrl.config.engine import EngineConfig
+from pivotrl.config.engine import EngineConfig, EngineSpec
 from pivotrl.core.types import Role
 from pivotrl.engines.errors import EngineWakeError
 from pivotrl.engines.protocol import GenerationRequest, SamplingParams
@@ -24,7 +24,7 @@ def folder(tmp_path_factory):
 
 def _host(role: Role, folder) -> InferenceHost:
     return InferenceHost(RoleSpec(role, "genrm" if role == Role.REWARD else "policy", str(folder),
-                                  engine=EngineConfig(name="cpu", num_threads=1)))
+                                  engine=EngineSpec.for_role(EngineConfig(name="cpu", num_threads=1), role.value)))
 
 
 def _greedy(host: InferenceHost) -> list[int]:
@@ -65,10 +65,11 @@ def test_a_failed_wake_drops_the_engine_and_the_next_shift_up_builds_a_fresh_one
     def build(spec):
         llm = RecordingLLM("wake_up:('kv_cache',)" if not llms else None)
         llms.append(llm)
-        return VLLMEngine(spec.model_path, spec.engine, client_factory=lambda e: llm, sleep_mode=True)
+        return VLLMEngine(spec.model_path, spec.engine.settings, client_factory=lambda e: llm, sleep_mode=True)
 
     monkeypatch.setattr(roles, "build_engine", build)
-    host = InferenceHost(RoleSpec(Role.ROLLOUT, "policy", str(folder), engine=EngineConfig(name="vllm")))
+    host = InferenceHost(RoleSpec(Role.ROLLOUT, "policy", str(folder),
+                                  engine=EngineSpec.for_role(EngineConfig(name="vllm"), "rollout")))
     host.shift_up(None, 0)
     host.shift_down()
     with pytest.raises(EngineWakeError):
@@ -82,14 +83,15 @@ def test_a_failed_wake_drops_the_engine_and_the_next_shift_up_builds_a_fresh_one
 def test_a_member_of_a_replica_of_several_devices_holds_nothing(folder):
     """Device 1 of a two-device GenRM replica: its host is a member (no engine, no weights read);
     a member may not carry a placement, and train has no members."""
-    spec = RoleSpec(Role.REWARD, "genrm", str(folder), engine=EngineConfig(name="cpu"), leader=0)
+    cpu = EngineSpec.for_role(EngineConfig(name="cpu"), "reward")
+    spec = RoleSpec(Role.REWARD, "genrm", str(folder), engine=cpu, leader=0)
     host = roles.make_host(spec)
     assert isinstance(host, roles.MemberHost) and host.CONTEXT.as_dict() == {c.value: [] for c in roles.Category}
     up = host.shift_up(None, 3)
     assert host.active and (up.direction, up.seconds, up.version, up.detail) == ("up", 0.0, 3, {"member_of": 0.0})
     assert not host.shift_down().seconds and not host.active
     with pytest.raises(ValueError, match="no engine placement"):
-        RoleSpec(Role.REWARD, "genrm", str(folder), engine=EngineConfig(name="cpu"), leader=0,
+        RoleSpec(Role.REWARD, "genrm", str(folder), engine=cpu, leader=0,
                  placement=roles.EnginePlacement((0, 1)))
-    assert isinstance(roles.make_host(RoleSpec(Role.REWARD, "genrm", str(folder), engine=EngineConfig(name="cpu"))),
+    assert isinstance(roles.make_host(RoleSpec(Role.REWARD, "genrm", str(folder), engine=cpu)),
                       InferenceHost)

@@ -117,7 +117,10 @@ def test_each_device_of_a_replica_gets_its_place(tmp_path):
     la = Launch(cfg, resolve(cfg), tmp_path / "p", tmp_path / "g", tmp_path)
     slot = Slot(Role.REWARD, 2, 2)
     lead, member = la.role_spec(slot, 0), la.role_spec(slot, 1)
-    assert (lead.leader, lead.engine.vllm_tensor_parallel_size) == (None, 2)
+    assert (lead.leader, lead.engine.tensor_parallel_size, lead.engine.sleep_level) == (None, 2, 1)
+    assert lead.engine.settings is cfg.engine, "the user's engine settings, unchanged"
     assert (member.leader, member.role) == (2, Role.REWARD)
-    assert la.role_spec(Slot(Role.ROLLOUT, 0, 1), 0).engine.vllm_tensor_parallel_size == 1
-    assert cfg.engine.vllm_tensor_parallel_size == 1, "the config's own value is untouched"
+    rollout = la.role_spec(Slot(Role.ROLLOUT, 0, 1), 0).engine
+    assert (rollout.tensor_parallel_size, rollout.sleep_level) == (1, 2)
+    with pytest.raises(ValueError, match="spans 1 device"):
+        la.role_spec(Slot(Role.REWARD, 2, 1), 0)  # a slot that is not the role's replica size

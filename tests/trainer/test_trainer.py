@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from pivotrl.config.trainer import TrainerConfig
+from pivotrl.config.trainer import TrainerSpec
 from pivotrl.trainer.trainer import Trainer, TrainerError
 from pivotrl.trainer.train_batch import TrainBatch
 from pivotrl.trainer.trainer_checkpoint import checkpoint_dir, latest_checkpoint
@@ -23,10 +23,10 @@ torch.set_num_threads(1)
 TINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
 
 
-def _cfg(**kw) -> TrainerConfig:
+def _cfg(**kw) -> TrainerSpec:
     base = dict(lr=1e-2, micro_batch_size=4, kl_coef=0.05, staleness=0, device="cpu", num_threads=1, timeout_s=120.0)
     base.update(kw)
-    return TrainerConfig(**base)
+    return TrainerSpec(**base)
 
 
 def _batch(seed: int, n: int = 9, version: int = 0, versions: list[int] | None = None) -> TrainBatch:
@@ -412,7 +412,7 @@ def test_bfloat16_compute_keeps_float32_master_weights(model_path):
 )
 def test_config_errors_name_the_field(kw, field):
     with pytest.raises(ValueError, match=f"^{field}="):  # the loader prefixes the path (algo.)
-        TrainerConfig(**kw)
+        TrainerSpec(**kw)
 
 
 def test_bad_batches_and_folders(model_path, tmp_path):
@@ -528,8 +528,8 @@ def test_memory_config_errors_name_the_field():
     for kw, field in ((dict(micro_batch_tokens=-1), "micro_batch_tokens"),
                       (dict(logprob_chunk_tokens=-5), "logprob_chunk_tokens"),
                       (dict(publish_dtype="float16"), "publish_dtype")):
-        with pytest.raises(ValueError, match=f"^{field}="):  # relative to TrainerConfig; the loader adds `algo.`
-            TrainerConfig(**kw)
+        with pytest.raises(ValueError, match=f"^{field}="):  # relative to TrainerSpec; the loader adds `algo.`
+            TrainerSpec(**kw)
 
 
 def test_meta_init_of_a_bfloat16_checkpoint_reads_it_mapped_in_its_own_dtype(tmp_path):
