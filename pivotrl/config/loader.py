@@ -98,6 +98,27 @@ def check_overrides(overrides: list[str]) -> None:
             hint = new if new.startswith("(") else f"{new}={value}"
             raise ConfigError(key, f"the new key: {hint} (renamed; see README 'Renamed keys')", value)
     check_planner_keys(overrides)
+    check_engine_keys(overrides)
+
+
+def check_engine_keys(overrides: list[str]) -> None:
+    """`engine.<key>` / `engine.<role>.<key>` that no engine setting has: name the full path and
+    the settings there are (Hydra alone would suggest adding it with `+`)."""
+    from pivotrl.config.engine import ENGINE_ROLES, EngineSettings
+
+    names = sorted(f.name for f in dataclasses.fields(EngineSettings))
+    for ov in overrides:
+        if "=" not in ov or ov.startswith(("hydra", "~")):
+            continue
+        key, value = ov.split("=", 1)
+        parts = key.lstrip("+").split(".")
+        if parts[0] != "engine" or len(parts) < 2:
+            continue
+        where, rest = ("engine." + parts[1], parts[2:]) if parts[1] in ENGINE_ROLES else ("engine", parts[1:])
+        if len(rest) != 1 or rest[0] not in names:
+            raise ConfigError(".".join(rest) or "(nothing)", f"a key of {where} ({', '.join(names)}"
+                              f"{'' if where != 'engine' else ', or a role: ' + ', '.join(ENGINE_ROLES)})",
+                              value, where)
 
 
 def check_planner_keys(overrides: list[str]) -> None:

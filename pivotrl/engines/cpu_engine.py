@@ -65,7 +65,10 @@ class CPUEngine:
     """One device per replica (a replica of several devices needs vLLM)."""
 
     def __init__(self, model_path: str | Path, cfg: EngineConfig | None = None, version: int = 0,
-                 tokenizer_path: str | Path | None = None, *, tensor_parallel_size: int = 1) -> None:
+                 tokenizer_path: str | Path | None = None, *, tensor_parallel_size: int = 1,
+                 read_weights: bool = True) -> None:
+        """`read_weights` False builds the model from its config alone, without reading the
+        folder's weights, for a caller that loads others next (a cold policy engine, from GPS)."""
         if tensor_parallel_size != 1:
             raise ValueError(f"the cpu engine runs one device per replica, not tensor_parallel_size="
                              f"{tensor_parallel_size} (a replica of several devices needs engine=vllm)")
@@ -73,7 +76,7 @@ class CPUEngine:
         self.model_path = Path(model_path)
         if self.cfg.num_threads:
             torch.set_num_threads(self.cfg.num_threads)
-        self.model = load_hf_model(self.model_path, self.cfg.dtype)
+        self.model = load_hf_model(self.model_path, self.cfg.dtype, read_weights)
         self.tokenizer = load_hf_tokenizer(tokenizer_path or self.model_path)
         self.initial_version = version
         self.version = version
@@ -216,10 +219,11 @@ class CPUEngine:
                 return {}
             times: dict[str, float] = {}
             t = time.perf_counter()
-            if self.model is None:  # level-2 release: the folder's weights, at the initial version
-                self.model = load_hf_model(self.model_path, self.cfg.dtype)
+            if self.model is None:  # level-2 release: the folder's weights, at the initial version,
+                # unless others come next (then the folder's config alone)
+                self.model = load_hf_model(self.model_path, self.cfg.dtype, read_weights=state_dict is None)
                 self.version = self.initial_version
-                times["read_folder_s"] = time.perf_counter() - t
+                times["read_folder_s" if state_dict is None else "build_s"] = time.perf_counter() - t
             self._released = False
             if state_dict is not None:  # a state dict, or a leased GPS FileManifest
                 t = time.perf_counter()

@@ -46,8 +46,8 @@ def run_inproc(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
     chat = cfg.models.policy.chat
     eval_kw = dict(temperature=temp, samples=d.val_samples, seed=int(cfg.seed), max_prompt_len=d.max_prompt_length,
                    max_tokens=r.max_response, chat=chat)
-    policy = create_engine(assets.policy_path, cfg.engine)
-    genrm = create_engine(assets.genrm_path, cfg.engine) if reward_fn.uses_genrm else None
+    policy = create_engine(assets.policy_path, cfg.engine.for_role("rollout"))
+    genrm = create_engine(assets.genrm_path, cfg.engine.for_role("reward")) if reward_fn.uses_genrm else None
     trainer = Trainer(r.trainer(cfg, 1), assets.policy_path, publish=lambda v, sd: policy.load_weights(sd, v))
     rows: list[dict[str, Any]] = []
     t_start = time.perf_counter()
