@@ -81,6 +81,14 @@ class EngineSettings:
     engines run, so most of the device is theirs; the check at start that a training rank fits
     its devices counts the engines asleep (`runtime.assets.check_trainer_fits`)."""
 
+    vllm_asleep_gib: float = 2.0
+    """vLLM on GPUs: device memory one asleep engine still holds on each of its devices (its CUDA
+    context, CUDA graphs and allocator cache: sleep frees weights and KV cache only). The check at
+    start that a training rank fits its home devices keeps this much free per inference role that
+    may sleep there (colocated and pivot lend training devices to both). An estimate, not yet
+    measured on a GPU: about 0.5 GiB of context plus up to 1.5 GiB of graphs at vLLM's default
+    capture sizes; the device check should replace it with a measurement."""
+
     vllm_enforce_eager: Optional[bool] = None
     """vLLM: skip CUDA-graph capture / torch.compile. null: by platform (`by_platform`): graphs on
     GPUs (the largest decode cost at RL's small tail batches goes), eager on CPU."""
@@ -121,6 +129,7 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "vllm_gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "vllm_release_fallback": (lambda v: v in ("keep", "restart"), "keep | restart"),
     "vllm_start_timeout_s": (lambda v: v > 0, "> 0"),
+    "vllm_asleep_gib": (lambda v: v >= 0, ">= 0"),
 }
 
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from pivotrl.config import PivotConfig
+    from pivotrl.config.resolve import Resolved
     from pivotrl.gps.layout import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ def preflight(cfg: PivotConfig) -> None:
         ck = resolve_checkpoints(cfg)
         check_fit(cfg, ck["policy"], ck["genrm"])
         check_trainer_fits(cfg, ck["policy"].config, m.policy.name)
+        check_engines_fit(cfg, ck["policy"], ck["genrm"])
 
 
 def resolve_checkpoints(cfg: Any) -> dict[str, Any]:
@@ -151,7 +153,72 @@ def check_trainer_fits(cfg: PivotConfig, hf_config: dict, name: str) -> None:
     check_fits(ModelShape.from_hf_config(hf_config, name), devices=list(range(r.num_devices - home, r.num_devices)),
                device_memory_bytes=memory, micro_batch_tokens=int(tokens),
                response_tokens=int(d.max_response_length), param_dtype=a.param_dtype,
-               gradient_checkpointing=a.gradient_checkpointing, logprob_chunk_tokens=a.logprob_chunk_tokens)
+               gradient_checkpointing=a.gradient_checkpointing, logprob_chunk_tokens=a.logprob_chunk_tokens,
+               asleep_bytes=asleep_engine_bytes(cfg, r))
+
+
+#: Modes whose training devices also host inference engines (asleep while training runs).
+_SHARED_TRAINING_DEVICES = ("colocated", "pivot")
+
+
+def asleep_engine_bytes(cfg: PivotConfig, r: Resolved) -> int:
+    """Device memory the asleep engines keep on a training device: `engine.<role>.vllm_asleep_gib`
+    of each inference role a training device may host (both roles where training shares its
+    devices: colocated and pivot; none in the static pools); the CPU engine holds no GPU memory."""
+    from pivotrl.engines.registry import resolve_engine_name
+
+    if r.mode not in _SHARED_TRAINING_DEVICES:
+        return 0
+    total = 0.0
+    for role in ("rollout", "reward"):
+        st = r.engine(cfg, role).settings
+        if resolve_engine_name(st.name) == "vllm":
+            total += float(st.vllm_asleep_gib)
+    return int(total * 2**30)
+
+
+def kv_bytes_per_token(hf_config: dict, dtype_bytes: int = 2) -> int:
+    """KV cache bytes one token takes in a model of `hf_config` (all its attention layers; layers
+    of linear attention, e.g. Qwen3.5's gated delta net, keep a fixed state instead: not counted)."""
+    c = hf_config.get("text_config") or hf_config
+    heads = int(c["num_attention_heads"])
+    kv = int(c.get("num_key_value_heads") or heads)
+    head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
+    types = c.get("layer_types")
+    layers = sum(1 for t in types if t == "full_attention") if types else int(c["num_hidden_layers"])
+    return 2 * layers * kv * head_dim * dtype_bytes
+
+
+def check_engines_fit(cfg: PivotConfig, policy: Any, genrm: Any) -> None:
+    """On GPUs: each role's engine must hold its share of the weights and the KV of its longest
+    request within `engine.<role>.vllm_gpu_memory_utilization` of a device (the trainer is fully
+    offloaded while the engines run, so the fraction is theirs), else stop at start naming the key,
+    the numbers and the fixes. Skipped where the run is not on GPUs or the device memory is unknown
+    (`check_trainer_fits` warns then)."""
+    from pivotrl.config.resolve import resolve
+
+    r = resolve(cfg)
+    memory = device_memory_bytes(cfg) if r.accelerator == "cuda" else None
+    if memory is None:
+        return
+    d, j = cfg.data, cfg.models.genrm.judge
+    longest = {"rollout": int(d.max_prompt_length) + int(d.max_response_length),
+               "reward": int(d.max_prompt_length) + int(d.max_response_length) + int(j.max_tokens)}
+    for role, ck, model in (("rollout", policy, "policy"), ("reward", genrm, "genrm")):
+        spec = r.engine(cfg, role)
+        st, tp = spec.settings, spec.tensor_parallel_size
+        if st.name == "cpu":
+            continue
+        dtype_bytes = 4 if st.dtype == "float32" else 2
+        weights = ck.nbytes / tp
+        kv = kv_bytes_per_token(ck.config, dtype_bytes) * longest[role] / tp
+        util = float(st.vllm_gpu_memory_utilization)
+        need = (weights + kv) / memory
+        if need > util:
+            raise ConfigError("vllm_gpu_memory_utilization", f">= {need:.3f}: a {role} replica holds {weights / 2**30:.1f} "
+                              f"GiB of weights per device (models.{model}.tp={tp}) and {kv / 2**30:.2f} GiB of KV for "
+                              f"one {longest[role]}-token request, of {memory / 2**30:.1f} GiB; or raise "
+                              f"models.{model}.tp", util, cfg.engine.key_of(role, "vllm_gpu_memory_utilization"))
 
 
 def check_fit(cfg: Any, policy: Any, genrm: Any) -> None:
