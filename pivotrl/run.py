@@ -26,7 +26,6 @@ RUNTIMES: Registry[Callable[..., dict[str, Any]]] = Registry("cluster.kind", {
     "sim": "pivotrl.sim.run:run_sim",
     "local": "pivotrl.runtime.real:run_real",
     "ray": "pivotrl.runtime.real:run_real",
-    "inproc": "pivotrl.runtime.inproc:run_inproc",
 })
 
 log = logging.getLogger(__name__)
@@ -36,7 +35,6 @@ log = logging.getLogger(__name__)
 PREFLIGHT: Registry[Callable[[PivotConfig], None]] = Registry("cluster.kind", {
     "local": "pivotrl.runtime.assets:preflight",
     "ray": "pivotrl.runtime.assets:preflight",
-    "inproc": "pivotrl.runtime.assets:preflight",
 })
 
 #: runtimes that can continue from a checkpoint in the run folder (`train.resume`)

@@ -51,12 +51,12 @@ def implied_mfu(group: str, paper_tokens_per_s: float, overrides: list[str] | No
 def stage_seconds(group: str, mode: str) -> dict[str, float]:
     """Mean per-step rollout, reward, training and step seconds over the measured steps."""
     from pivotrl.bench.sim import load_config
-    from pivotrl.sim.runtime import SimRuntime, SimSetup
+    from pivotrl.sim.runtime import SimDriver, SimSetup
     from pivotrl.sim.sweep import paper_allocation
 
     cfg = load_config(["experiment=fig9", f"models={group}", f"deploy={mode}", "logging.wandb_mode=disabled",
                        "logging.progress=false"])
-    rt = SimRuntime(SimSetup.from_config(cfg, paper_allocation(cfg)))
+    rt = SimDriver(SimSetup.from_config(cfg, paper_allocation(cfg)))
     s = rt.run()
     rows = [r for r in rt.rec.rows if r["step"] > cfg.train.warmup_steps]
     mean = lambda k: sum(float(r[k]) for r in rows) / max(len(rows), 1)  # noqa: E731

@@ -2,7 +2,7 @@
 how the real runtimes launch and watch those devices.
 
 `kind` picks the runtime (`local` Ray actors on this machine, `ray` GPUs of a Ray cluster, `sim`
-the discrete-event simulator, `inproc` the synchronous loop in one process). The hardware profile
+the discrete-event simulator). The hardware profile
 is what the simulator's time model reads (`hardware.hbm_bytes` included: a real device's memory
 is `device_memory_bytes` or the GPU's own); the launch settings (`poll_s` ... `gps`) are read by
 the real runtimes only. What runs on the devices is configured elsewhere: `engine`, `algo`, `reward`.
@@ -20,7 +20,6 @@ class ClusterKind(str, enum.Enum):
     local = "local"
     ray = "ray"
     sim = "sim"
-    inproc = "inproc"
 
 
 @dataclass
@@ -66,7 +65,7 @@ class ClusterConfig:
     """The `cluster` group."""
 
     kind: ClusterKind = ClusterKind.sim
-    """Runtime: local | ray | sim | inproc."""
+    """Runtime: local | ray | sim."""
     num_devices: int | None = None
     """Total devices (GPUs on ray/sim, virtual devices on local); null = the model group's `devices`."""
     node_size: int = 8

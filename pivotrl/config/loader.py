@@ -76,6 +76,13 @@ RENAMED: dict[str, str] = {
 }
 
 
+#: group choices that no longer exist -> what to use instead (README "Renamed keys").
+REMOVED_CHOICES: dict[str, str] = {
+    "cluster=inproc": "local, ray or sim (cluster=inproc, the synchronous loop in one process, was removed: "
+                      "cluster=local runs rollout, GenRM and training through the one runtime loop)",
+}
+
+
 def renamed(key: str) -> str | None:
     """The new name of an old key (longest matching prefix), or None if `key` is current."""
     for old in sorted(RENAMED, key=len, reverse=True):
@@ -91,6 +98,9 @@ def check_overrides(overrides: list[str]) -> None:
     for ov in overrides:
         if "=" not in ov or ov.startswith("hydra"):
             continue
+        if ov.lstrip("+~") in REMOVED_CHOICES:
+            key, value = ov.lstrip("+~").split("=", 1)
+            raise ConfigError(key, REMOVED_CHOICES[ov.lstrip("+~")], value)
         key = ov.split("=", 1)[0].lstrip("+~")
         new = renamed(key)
         if new is not None:

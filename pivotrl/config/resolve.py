@@ -68,7 +68,7 @@ class Resolved:
     """What a run derives from its config (see module docstring)."""
 
     runtime: str
-    """cluster.kind: local | ray | sim | inproc."""
+    """cluster.kind: local | ray | sim."""
     mode: str
     """deploy mode."""
     num_devices: int
@@ -77,7 +77,7 @@ class Resolved:
     tp: dict[str, int]
     """Replica size per inference role: rollout (policy), reward (GenRM)."""
     staleness: int
-    """The staleness bound the controller enforces (colocated and the inproc loop: 0)."""
+    """The staleness bound the controller enforces (colocated: 0)."""
     prompts_per_step: int
     group_size: int
     steps: int
@@ -133,7 +133,7 @@ def resolve(cfg: PivotConfig) -> Resolved:
     return Resolved(
         runtime=kind, mode=mode, num_devices=n, node_size=int(cfg.cluster.node_size),
         tp={"rollout": int(cfg.models.policy.tp), "reward": int(cfg.models.genrm.tp)},
-        staleness=0 if mode == "colocated" or kind == "inproc" else int(cfg.deploy.staleness),
+        staleness=0 if mode == "colocated" else int(cfg.deploy.staleness),
         prompts_per_step=int(cfg.train.prompts_per_step), group_size=int(cfg.train.group_size),
         steps=steps, warmup=min(int(cfg.train.warmup_steps), steps - 1),
         allocation=alloc, allocation_given=a.given(),

@@ -9,6 +9,39 @@ override hooks (verl style): `initial_plans`, `may_release`, `on_response`, `on_
 Pure: imports only the standard library and the project's control-plane types. It never learns a
 sequence's length before an event says it finished, so the `local` and `ray` runtimes can drive the
 same controllers from real engines.
+
+One RL step as a sequence of events (`deploy/events.py`) and actions, with the handler of each. The
+runtime loop (`pivotrl/runtime/loop.py`) feeds every event to `handle` and hands every action to
+the driver (`pivotrl/runtime/driver.py` on real devices, `pivotrl/sim/runtime.py` simulated):
+
+  1. dispatch: `release` lets batch b out of the pipeline (staleness bound, hook `may_release`,
+     `ControlEnv.batch_barrier`) into the rollout scheduler; `dispatch` returns `Dispatch` moves;
+     the driver starts (or aborts and resumes) the sequences on their replicas (`Driver.dispatch`).
+  2. sequence finished (rollout): `SequenceFinished` -> `_on_finished`: the scheduler frees its KV,
+     `pipe.response_done` makes the sample's GenRM sequence, and the freed rollout capacity is
+     dispatched again. Once every response of b is done: hook `on_rollouts_complete` (the phased
+     modes switch the pool to reward there).
+  3. judge: hook `on_response` (default `submit_reward`) submits the GenRM sequence to the reward
+     scheduler and dispatches it (`ControlEnv.reward_batch_barrier` holds them until the batch's
+     rollouts are all done). The judge prompt itself is the driver's: it renders it from the
+     finished response (`runtime/samples.py: Samples.judge_prompt`), and scores the judgement.
+  4. batch ready: the reward `SequenceFinished` -> `_on_finished` -> `pipe.reward_done`; when it
+     is b's last, a `BatchReady` goes straight to hook `on_batch_ready` (default `try_train`; pivot
+     also plans; colocated switches the pool to training).
+  5. train: `try_train` emits `StartTraining` once the batch is ready, no step runs and training
+     holds devices (hook `training_devices`); the driver trains it (`Driver.start_training`) and
+     answers `TrainingDone` -> `_on_training_done`, which moves the pipeline to version v+1.
+  6. publish: `_on_training_done` emits `PublishWeights(v+1)`; the driver brings the rollout
+     replicas to the new version (`Driver.publish`).
+  7. step done: `_on_training_done` emits `StepDone` (the loop writes the metrics row with the
+     driver's `step_fields`), then `Finish` after the last step, else hook `on_training_done`
+     (pivot: keep or shift down the training devices, plan) and `release` for the batches the new
+     version allows: back to 1.
+Alongside: `Start` -> `_on_start` (hook `initial_plans` -> `start_shift` -> `StartShift`, then
+`release`); `ShiftDone` -> `_on_shift_done` (replicas up, migration, `tau_shift`; hook
+`on_shift_done`, default `try_train`); `Tick` -> hook `on_tick` (pivot: rebalance and plan);
+progress reports on `Tick`/`ShiftDone`/`TrainingDone` -> `_apply_progress`; `ReplicaLost` ->
+`replica_lost`; `DeviceLost` -> `device_lost`.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The runtimes' shared loop and the real devices (`cluster=local`, `cluster=ray`, `cluster=inproc`).
+"""The runtimes' shared loop and the real devices (`cluster=local`, `cluster=ray`).
 
 Files (bottom-up):
 - `loop.py`: the one runtime loop (events -> controller -> actions -> driver, ticks, refits,
@@ -27,7 +27,6 @@ Files (bottom-up):
 - `faults.py`: named fault points of the device loop (test hooks for deterministic kill tests).
 - `training.py`: one training step on the home devices (batch, step, publish into GPS, a
   checkpoint written in the background).
-- `driver.py`: the real devices' `Driver`; `real.py`: `run_real` (`cluster=local|ray`);
-  `inproc.py`: the synchronous loop in one process (`cluster=inproc`).
+- `driver.py`: the real devices' `Driver`; `real.py`: `run_real` (`cluster=local|ray`).
 The control plane (core, deploy) is imported, never copied: tests/runtime/test_same_control_plane.py.
 """

@@ -1,7 +1,7 @@
 """What a real run loads before it starts: the policy and GenRM checkpoints and the data.
 
-Owns the one rule of where models and data come from, shared by every real runtime (`local`,
-`ray`, `inproc`):
+Owns the one rule of where models and data come from, shared by the real runtimes (`local`,
+`ray`):
 - both `models.*.hf_path` set: those checkpoints (a local folder, or a Hub id in the local
   Hugging Face cache: `models.resolve.resolve_checkpoint`, which names the path it tried and the
   download command when the weights are missing or partial), and the user's

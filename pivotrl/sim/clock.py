@@ -1,6 +1,6 @@
 """The simulator's event queue: timed events and the replicas' next completions.
 
-Owns the two heaps the discrete-event driver (`pivotrl.sim.runtime.SimRuntime`) pops from, in one
+Owns the two heaps the discrete-event driver (`pivotrl.sim.runtime.SimDriver`) pops from, in one
 order: runtime events (`tick`, `sample`, `shift_done`, `train_done`, ...) pushed at a time, and each
 replica's next completion, keyed by the replica's `epoch` so an entry made stale by a later change
 to the replica (a dispatch, an abort, a stall) is dropped when it surfaces. One counter breaks ties

@@ -23,7 +23,7 @@ from pivotrl.sim import timemodel as tm
 
 if TYPE_CHECKING:
     from pivotrl.sim.engine import SimReplica
-    from pivotrl.sim.runtime import SimRuntime
+    from pivotrl.sim.runtime import SimDriver
     from pivotrl.sim.setup import SimSetup
 
 
@@ -76,7 +76,7 @@ class RunStats:
     def train_end(self, now: float) -> None:
         self.train[-1][1] = now
 
-    def _totals(self, rt: "SimRuntime") -> dict[str, Any]:
+    def _totals(self, rt: "SimDriver") -> dict[str, Any]:
         out = {r: list(v) for r, v in self.retired.items()}
         for rid, rep in rt.replicas.items():
             rep.advance(rt.now)
@@ -90,7 +90,7 @@ class RunStats:
                 "planner_s": getattr(rt.ctrl, "planner_seconds", 0.0),
                 "planner_calls": getattr(rt.ctrl, "planner_calls", 0)}
 
-    def step_done(self, rt: "SimRuntime", act) -> dict[str, Any]:
+    def step_done(self, rt: "SimDriver", act) -> dict[str, Any]:
         """The simulator's own fields of the row of step `act` (the `Recorder` adds the common
         ones: time, step time, throughput); the totals are taken at the end of the warm-up step."""
         f = act.fields
@@ -123,7 +123,7 @@ class RunStats:
         w["total"] = (w["rollout"] + w["reward"] + w["train"]) / s.num_devices
         return w
 
-    def summary(self, rt: "SimRuntime", wall_s: float, rec: Any) -> dict[str, Any]:
+    def summary(self, rt: "SimDriver", wall_s: float, rec: Any) -> dict[str, Any]:
         """The simulator's own summary figures over the `Recorder` `rec`'s measurement window (its
         rows and window start; it adds the common figures: throughput, steps, step times)."""
         s = self.s

@@ -1,7 +1,7 @@
 """Replay a real run in the simulator: recorded workload, fitted constants, same control plane.
 
 Owns the glue of issue 5 item 6 ("sim against real"), built only from the simulator's public pieces
-(`SimSetup`, `SimRuntime`, `RoleCosts`, `SampleLengths`) and the run folder's records:
+(`SimSetup`, `SimDriver`, `RoleCosts`, `SampleLengths`) and the run folder's records:
 - `ReplayWorkload`: a workload (the same interface as `sim.workload.Workload`) that yields recorded
   lengths instead of drawing them: each sample's own lengths where the run recorded them
   (`sample_lengths` timeline records, which `cluster=local`/`ray` runs write for every trained
@@ -17,7 +17,7 @@ Owns the glue of issue 5 item 6 ("sim against real"), built only from the simula
   role), the weight refresh of rollout replicas (median of the measured per-device loads,
   `weight_refresh` records; every publish stalls each rollout replica that long, as the sim does),
   KV capacity per replica and the initial allocation from the run's config and records.
-- `ReplayRuntime`: `SimRuntime` with training and shift times taken from `ReplayConstants` instead
+- `ReplayRuntime`: `SimDriver` with training and shift times taken from `ReplayConstants` instead
   of the MFU and bandwidth models; everything else (controllers, schedulers, planner, decode clock)
   is the simulator's own code. Two optional machine corrections: `engine_slowdown` (wall seconds
   per modelled second of the engines; `fit_engine_slowdown` fits it on one run), and `cores`
@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import INFERENCE_ROLES, Role
 from pivotrl.report.records import RunRecords
-from pivotrl.sim.runtime import SimRuntime
+from pivotrl.sim.runtime import SimDriver
 from pivotrl.sim.setup import SimSetup
 from pivotrl.sim.timemodel import RoleCosts
 from pivotrl.sim.workload import BatchedLengths, SampleLengths
@@ -226,8 +226,8 @@ def constants_from_run(rec: RunRecords, kv_capacity: int, allocation: dict[Role,
 
 
 # ---------------------------------------------------------------------------------- the replay runtime
-class ReplayRuntime(SimRuntime):
-    """`SimRuntime` whose training, shift and publish times come from `ReplayConstants` (through
+class ReplayRuntime(SimDriver):
+    """`SimDriver` whose training, shift and publish times come from `ReplayConstants` (through
     the simulator's physics hooks), with the shared-cores contention model when `consts.cores`."""
 
     def __init__(self, setup: SimSetup, consts: ReplayConstants, tracker: Tracker | None = None) -> None:

@@ -50,7 +50,7 @@ STUCK_S = 3600.0  # simulated seconds with only ticks happening and nothing sche
 LOW_FRACTION = 0.2  # "below 20 % of peak per-device throughput" (paper Fig. 3)
 
 
-class SimRuntime:
+class SimDriver:
     """The simulator's `Driver` (`pivotrl.runtime.loop`): replicas, event queue and clock."""
 
     name = "simulation"
@@ -303,4 +303,4 @@ class SimRuntime:
 def simulate(cfg: PivotConfig, allocation: dict[Role, int] | None = None, steps: int | None = None,
              tracker: Tracker | None = None, progress: bool = False) -> dict[str, Any]:
     """One simulated run with a given allocation; returns its summary."""
-    return SimRuntime(SimSetup.from_config(cfg, allocation, steps), tracker, progress).run()
+    return SimDriver(SimSetup.from_config(cfg, allocation, steps), tracker, progress).run()

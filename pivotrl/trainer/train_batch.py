@@ -1,5 +1,5 @@
-"""`TrainBatch`: the contract between whoever assembles a GRPO batch (the runtimes' samples, the
-inproc loop, benchmarks) and the trainer that consumes it. Plain lists, checked on construction;
+"""`TrainBatch`: the contract between whoever assembles a GRPO batch (the runtimes' samples,
+benchmarks) and the trainer that consumes it. Plain lists, checked on construction;
 no torch, so a batch can be built and shipped without importing the trainer.
 
 On the wire (pickling: `ray.put(batch)` to the trainer's ranks) a batch travels as arrays, not

@@ -76,6 +76,7 @@ def test_default_is_the_embedded_real_run():
     (["algo.logprob_temperature=0.5"], "algo.rollout_temperature"),
     (["engine.vllm_tensor_parallel_size=2"], "models.policy.tp"),
     (["engine.vllm_sleep_level=1"], "rollout 2, reward 1"),
+    (["cluster=inproc"], "cluster=local"),                               # removed: names what to use
     (["deploy=colocated", "deploy.allocation.train=1"], "deploy.allocation"),
     (["cluster.accelerator=tpu"], "cluster.accelerator"),
     (["data.max_response_length=0"], "data.max_response_length"),           # 0 no longer means "the default"

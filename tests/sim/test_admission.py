@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pivotrl.core.types import INFERENCE_ROLES, Role
 from pivotrl.deploy.events import Dispatch
-from pivotrl.sim.runtime import SimRuntime, SimSetup
+from pivotrl.sim.runtime import SimDriver, SimSetup
 
 SMALL = ["cluster.num_devices=8", "train.prompts_per_step=16", "train.group_size=4", "train.steps=3"]
 
 
 def watched_run(cfg, alloc):
-    rt = SimRuntime(SimSetup.from_config(cfg, alloc))
+    rt = SimDriver(SimSetup.from_config(cfg, alloc))
     seen = {"queued": 0, "n": 0, "rebalance_moves": 0}
     inner = rt.ctrl.handle
 
@@ -65,7 +65,7 @@ def test_batch_barriers_hold_rollout_and_reward_back_until_the_batch_is_done(mak
 
     cfg = make_cfg("models=qwen1.5b_glm9b", "deploy=disaggregated", "models.sim.rollout_batch_barrier=true",
                    "models.sim.reward_batch_barrier=true", *SMALL)
-    rt = SimRuntime(SimSetup.from_config(cfg, {R.ROLLOUT: 2, R.REWARD: 2, R.TRAIN: 4}))
+    rt = SimDriver(SimSetup.from_config(cfg, {R.ROLLOUT: 2, R.REWARD: 2, R.TRAIN: 4}))
     pipe, inner, seen = rt.ctrl.pipe, rt.ctrl.handle, {"reward": 0, "released": 0}
 
     def handle(ev):

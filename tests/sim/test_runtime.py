@@ -8,7 +8,7 @@ import pytest
 
 from pivotrl.core.types import INFERENCE_ROLES, Role
 from pivotrl.deploy.events import StartTraining, StepDone
-from pivotrl.sim.runtime import SimRuntime
+from pivotrl.sim.runtime import SimDriver
 from pivotrl.sim.setup import SimSetup
 
 SMALL = ["cluster.num_devices=8", "train.prompts_per_step=8", "train.group_size=4", "train.steps=4"]
@@ -21,7 +21,7 @@ ALLOC = {
 
 
 def run_recorded(cfg, alloc):
-    rt = SimRuntime(SimSetup.from_config(cfg, alloc))
+    rt = SimDriver(SimSetup.from_config(cfg, alloc))
     acts = []
     inner = rt.ctrl.handle
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pivotrl.core.types import Role
-from pivotrl.sim.runtime import SimRuntime
+from pivotrl.sim.runtime import SimDriver
 from pivotrl.sim.setup import SimSetup
 from pivotrl.sim.sweep import config_hash
 
@@ -30,7 +30,7 @@ def harmonic(n_ro: float, t_ro: float, n_rm: float, t_rm: float) -> float:
 @pytest.mark.parametrize("mode", sorted(ALLOC))
 def test_records_exist_and_are_consistent(make_cfg, mode):
     cfg = make_cfg(f"deploy={mode}", "models.sim.throughput_sample_s=2", *SMALL)
-    rt = SimRuntime(SimSetup.from_config(cfg, ALLOC[mode]))
+    rt = SimDriver(SimSetup.from_config(cfg, ALLOC[mode]))
     cum: list[float] = []
     inner = rt.sampler.role_tokens
 
@@ -75,7 +75,7 @@ def test_sampling_does_not_change_the_simulation(make_cfg):
     out = []
     for s in ("0", "3"):
         cfg = make_cfg("deploy=pivot", f"models.sim.throughput_sample_s={s}", *SMALL)
-        rt = SimRuntime(SimSetup.from_config(cfg, ALLOC["pivot"]))
+        rt = SimDriver(SimSetup.from_config(cfg, ALLOC["pivot"]))
         out.append((rt.run(), len(rt.stats.samples)))
     (a, na), (b, nb) = out
     assert na == 0 and nb > 0

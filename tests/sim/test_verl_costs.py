@@ -8,7 +8,7 @@ import pytest
 
 from pivotrl.core.types import INFERENCE_ROLES, Role
 from pivotrl.sim import timemodel as tm
-from pivotrl.sim.runtime import SimRuntime, SimSetup
+from pivotrl.sim.runtime import SimDriver, SimSetup
 
 PAPER_GROUPS = ["qwen1.5b_glm9b", "qwen7b_qwen30b", "qwen32b_qwen30b", "qwen72b_qwen122b"]
 SMALL = ["cluster.num_devices=8", "train.prompts_per_step=16", "train.group_size=4", "train.steps=3"]
@@ -16,7 +16,7 @@ SMALL = ["cluster.num_devices=8", "train.prompts_per_step=16", "train.group_size
 
 def shifts_of(cfg, alloc):
     """Run `cfg`; return the summary and (plan, down_s, up_s) of every shift."""
-    rt = SimRuntime(SimSetup.from_config(cfg, alloc))
+    rt = SimDriver(SimSetup.from_config(cfg, alloc))
     seen, inner = [], rt.shift_seconds
 
     def record(plan):
@@ -83,7 +83,7 @@ def test_the_memory_share_reaches_every_replica_of_every_mode(make_cfg):
         caps = {}
         for mu in (0.5, 0.9):
             cfg = make_cfg("models=qwen7b_qwen30b", f"deploy={mode}", "train.steps=2", f"models.sim.mem_util={mu}")
-            rt = SimRuntime(SimSetup.from_config(cfg, alloc))
+            rt = SimDriver(SimSetup.from_config(cfg, alloc))
             rt.run()
             caps[mu] = dict(rt.ctrl.kv_capacity)
             assert {r: rep.kv_capacity for r, rep in ((rt.role_of[i], x) for i, x in rt.replicas.items())} \
