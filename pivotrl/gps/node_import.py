@@ -29,7 +29,7 @@ import torch
 from safetensors import safe_open
 
 from pivotrl.gps.checkpoint import INDEX_FILE, weight_files
-from pivotrl.gps.transports import chunk_view, copy_into
+from pivotrl.gps.buffers import chunk_view, copy_into
 
 __all__ = ["FillEntry", "fill_from_folder", "folder_bytes", "host_copy", "mapped_safetensors",
            "read_safetensors_dir"]

@@ -9,7 +9,9 @@ implementations:
   buffers as `/dev/shm` files; a process on the same node maps the file (zero extra copies), a
   process on another node gets the bytes through Ray object transfer.
 - `nixl` (nixl_transport.py): registers the buffers with a NIXL agent; only where `nixl` imports.
-The planner decides *which* holder serves a slice; the transport only moves bytes.
+The planner decides *which* holder serves a slice; the transport only moves bytes. The byte-level
+helpers (typed views of a buffer, strided copies, file mappings) are `buffers.py`'s, re-exported
+here.
 """
 from __future__ import annotations
 
@@ -19,10 +21,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from pivotrl.config.gps import TRANSPORTS, GPSConfig
+from pivotrl.gps.buffers import box_slices, chunk_view, copy_into, dtype_name, map_file, torch_dtype  # noqa: F401 - re-exported
 
 # (byte offset of the chunk in the buffer, chunk shape, dtype name, box relative to the chunk)
 SliceItem = tuple[int, tuple[int, ...], str, tuple[tuple[int, int], ...]]
@@ -36,54 +38,6 @@ class BufferRef:
     key: str
     nbytes: int
     path: str
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    dt = getattr(torch, name, None)
-    if not isinstance(dt, torch.dtype):
-        raise ValueError(f"unknown dtype name {name!r}")
-    return dt
-
-
-def dtype_name(dt: torch.dtype) -> str:
-    return str(dt).replace("torch.", "")
-
-
-def box_slices(box: tuple[tuple[int, int], ...]) -> tuple[slice, ...]:
-    return tuple(slice(a, b) for a, b in box)
-
-
-def chunk_view(buf: torch.Tensor, offset: int, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
-    """Typed view of one chunk inside a uint8 node buffer (no copy)."""
-    dt = torch_dtype(dtype)
-    n = dt.itemsize
-    for s in shape:
-        n *= s
-    return buf[offset:offset + n].view(dt).view(shape)
-
-
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """`dst.copy_(src)`, except strided host-to-host copies (row-parallel TP slices: many short
-    rows) go through numpy's `copyto`. On the 2-core dev VM, copying 2.8 KB-row column blocks ran
-    at 0.6-0.77x a contiguous memcpy with numpy and 0.55-0.7x with torch's single-threaded
-    strided copy (noisy, shared machine). The bytes are reinterpreted as same-width integers, so
-    bf16 works and values are copied bit for bit."""
-    if (dst.device.type == "cpu" and src.device.type == "cpu" and dst.dtype == src.dtype
-            and not (dst.is_contiguous() and src.is_contiguous()) and dst.element_size() in _INT_OF_SIZE
-            and dst.numel()):
-        it = _INT_OF_SIZE[dst.element_size()]
-        np.copyto(dst.view(it).numpy(), src.view(it).numpy())
-    else:
-        dst.copy_(src)
-
-
-def map_file(path: str, nbytes: int) -> torch.Tensor:
-    """uint8 tensor over a shared file mapping (creates/extends the file to `nbytes`)."""
-    storage = torch.UntypedStorage.from_file(path, shared=True, nbytes=nbytes)
-    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,), (1,))
 
 
 def read_items(buf: torch.Tensor, items: list[SliceItem]) -> list[torch.Tensor]:
