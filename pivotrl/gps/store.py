@@ -34,7 +34,7 @@ import uuid
 import weakref
 from collections import OrderedDict, defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -111,23 +111,16 @@ class GlobalParameterStore:
         self.table.add_model(model, spec, frozen)
         try:
             _, placement, _, chunks = self._model(model)
-            plan: list[tuple[BufferRef, list[FillEntry], str]] = []
-            with self._write_locks[model]:
-                v = self.table.begin_write(model, initial=True)
-                bufs = self._allocate_version(model, v)
+
+            def fill(bufs: dict[int, BufferRef]) -> None:
+                plan: list[tuple[BufferRef, list[FillEntry], str]] = []
                 for n, ref in bufs.items():
-                    layout = chunks[placement.chunk_of(n)]
-                    plan.append((ref, [(t.name, layout.entries[t.name].offset, layout.entries[t.name].rows,
-                                        layout.entries[t.name].shape, t.dtype) for t in spec.tensors], str(folder)))
-                try:
-                    self.transport.fill_many(plan)
-                    dead = self.table.commit(model, v, bufs)
-                except BaseException:
-                    self.table.abort(model, v)
-                    self._free(list(bufs.values()))
-                    raise
-            self._free(dead)
-            return v
+                    e = chunks[placement.chunk_of(n)].entries
+                    plan.append((ref, [(t.name, e[t.name].offset, e[t.name].rows, e[t.name].shape, t.dtype)
+                                       for t in spec.tensors], str(folder)))
+                self.transport.fill_many(plan)
+
+            return self._new_version(model, True, fill)
         except BaseException:
             self._free(self.table.remove_model(model))
             with self._lock:
@@ -267,11 +260,16 @@ class GlobalParameterStore:
     def _commit(self, model: str, plan: Plan, shards: Mapping[Device, Mapping[str, torch.Tensor]],
                 initial: bool) -> int:
         spec, _, _, chunks = self._model(model)
+        return self._new_version(model, initial, lambda bufs: execute_write(self.transport, spec, plan, bufs, chunks, shards))
+
+    def _new_version(self, model: str, initial: bool, fill: Callable[[dict[int, BufferRef]], None]) -> int:
+        """Begin a version of `model`, allocate its node buffers, `fill(bufs)` them, publish it;
+        on any failure the version and its buffers are dropped and the current one stays."""
         with self._write_locks[model]:
             v = self.table.begin_write(model, initial=initial)
             bufs = self._allocate_version(model, v)
             try:
-                execute_write(self.transport, spec, plan, bufs, chunks, shards)
+                fill(bufs)
                 dead = self.table.commit(model, v, bufs)
             except BaseException:
                 self.table.abort(model, v)
