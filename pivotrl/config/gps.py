@@ -71,6 +71,11 @@ class GPSConfig:
     the pooled buffer is the write headroom the budget already reserves. A buffer some zero-copy
     view still references is never pooled."""
 
+    remote_write_bucket_bytes: int = 256 << 20
+    """A trainer rank's publish sends the rows it holds for another node's buffer in calls of
+    about this many bytes (one call per node when its rows fit): bounds the host copy a rank
+    stages for a remote node, and the number of blocking calls. >= 1."""
+
     alignment_bytes: int = 64
     """Each stored tensor chunk starts at a multiple of this many bytes inside its node buffer."""
 
@@ -95,5 +100,7 @@ class GPSConfig:
             raise ValueError(f"gps.alignment_bytes must be a power of two, got {self.alignment_bytes}")
         if self.pool_freed_buffers < 0:
             raise ValueError(f"gps.pool_freed_buffers must be >= 0, got {self.pool_freed_buffers}")
+        if self.remote_write_bucket_bytes < 1:
+            raise ValueError(f"gps.remote_write_bucket_bytes must be >= 1, got {self.remote_write_bucket_bytes}")
         if self.plan_cache_size < 1:
             raise ValueError(f"gps.plan_cache_size must be >= 1, got {self.plan_cache_size}")

@@ -70,6 +70,9 @@ RENAMED: dict[str, str] = {
     "algo.logprob_temperature": "(derived: algo.rollout_temperature, 1 for greedy)",
     "engine.vllm_tensor_parallel_size": "(derived per replica: models.policy.tp, models.genrm.tp)",
     "engine.vllm_sleep_level": "(derived per role: rollout 2, reward 1)",
+    # vLLM's loaders read each rank's shard from views of the GPS file: no staging bucket of ours
+    "engine.vllm_weight_bucket_mb": "(removed: vLLM's workers now read each rank's shard straight from the GPS "
+                                    "node file, with no bucket to size; see pivotrl/engines/weight_sync.py)",
 }
 
 
@@ -105,6 +108,27 @@ def check_overrides(overrides: list[str]) -> None:
             hint = new if new.startswith("(") else f"{new}={value}"
             raise ConfigError(key, f"the new key: {hint} (renamed; see README 'Renamed keys')", value)
     check_planner_keys(overrides)
+    check_engine_keys(overrides)
+
+
+def check_engine_keys(overrides: list[str]) -> None:
+    """`engine.<key>` / `engine.<role>.<key>` that no engine setting has: name the full path and
+    the settings there are (Hydra alone would suggest adding it with `+`)."""
+    from pivotrl.config.engine import ENGINE_ROLES, EngineSettings
+
+    names = sorted(f.name for f in dataclasses.fields(EngineSettings))
+    for ov in overrides:
+        if "=" not in ov or ov.startswith(("hydra", "~")):
+            continue
+        key, value = ov.split("=", 1)
+        parts = key.lstrip("+").split(".")
+        if parts[0] != "engine" or len(parts) < 2:
+            continue
+        where, rest = ("engine." + parts[1], parts[2:]) if parts[1] in ENGINE_ROLES else ("engine", parts[1:])
+        if len(rest) != 1 or rest[0] not in names:
+            raise ConfigError(".".join(rest) or "(nothing)", f"a key of {where} ({', '.join(names)}"
+                              f"{'' if where != 'engine' else ', or a role: ' + ', '.join(ENGINE_ROLES)})",
+                              value, where)
 
 
 def check_planner_keys(overrides: list[str]) -> None:

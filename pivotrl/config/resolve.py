@@ -108,9 +108,10 @@ class Resolved:
 
     def engine(self, cfg: PivotConfig, role: str) -> EngineSpec:
         """The spec of one replica's engine of inference role `role` (`rollout` | `reward`): the
-        user's engine settings, the role's replica size (`models.policy.tp` / `models.genrm.tp`)
-        and its sleep level (`EngineSpec.for_role`)."""
-        return EngineSpec.for_role(cfg.engine, role, tensor_parallel_size=self.tp[role])
+        role's engine settings (`engine.*` under `engine.<role>.*`) with the accelerator's
+        choices made, the role's replica size (`models.policy.tp` / `models.genrm.tp`) and its
+        sleep level (`EngineSpec.for_role`)."""
+        return EngineSpec.for_role(cfg.engine, role, tensor_parallel_size=self.tp[role], accelerator=self.accelerator)
 
 
 def resolve(cfg: PivotConfig) -> Resolved:

@@ -1,9 +1,19 @@
 """The CPU engine's running batch: one shared KV cache, batched prefill and decode, and sampling.
 
 Owns: `CPUSeq` (a sequence inside the engine: request, tokens and log-probs so far, stop ids, own
-generator), `KVBatch` (the running rows and their cache: prefill, decode, merge, drop rows) and
-`sample_next` (greedy, temperature, top-p, per-sequence seeds, with the behaviour log-prob). It
-knows nothing about admission, timing or weights: `cpu_engine.py` decides what runs.
+generator), `KVBatch` (the running rows and their cache: prefill, decode, merge, drop rows),
+`RowCacheBatch` (the same for models whose cache is not plain attention KV), `batch_class_for`
+(which of the two a model needs) and `sample_next` (greedy, temperature, top-p, per-sequence
+seeds, with the behaviour log-prob). It knows nothing about admission, timing or weights:
+`cpu_engine.py` decides what runs.
+
+Models with recurrent layers (Qwen3.5's gated delta net: a convolution state and a recurrent
+state per row instead of keys and values over time) cannot share one left-padded cache: there is
+no time axis to pad, and a padded prefill would run the padding through the recurrence.
+`RowCacheBatch` gives each row its own cache and runs each row's prefill and decode on its own
+(batch size 1, no padding, no mask), which is exact for any architecture transformers runs, at
+the cost of batching. It serves the frozen judges that only the CPU engine can run here (vLLM's
+CPU build cannot import Qwen3.5).
 
 KV layout (why it is correct). All running sequences share one `DynamicCache` of shape
 `(B, kv_heads, T, head_dim)` per layer, left-padded: row `b` holds its real tokens in the last
@@ -135,6 +145,66 @@ class KVBatch:
             layer.values = layer.values.index_select(0, idx)[:, :, first:]
         self.valid = valid[:, first:]
         self.seqs = [self.seqs[i] for i in keep]
+
+
+class RowCacheBatch:
+    """Running rows, each with its own cache (module docstring); `KVBatch`'s interface."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.seqs: list[CPUSeq] = []
+        self.cache: list[Any] = []  # one transformers cache per row
+
+    def kv_tokens(self) -> int:
+        return sum(s.total for s in self.seqs)
+
+    @staticmethod
+    def prefill(model: torch.nn.Module, seqs: list[CPUSeq]) -> tuple[list[Any], None, torch.Tensor]:
+        """Each of `seqs` prefilled alone: their caches, no mask, and each row's last logits."""
+        from transformers import DynamicCache
+
+        caches, logits = [], []
+        with torch.no_grad():
+            for s in seqs:
+                ids = torch.tensor([s.req.prompt_ids + s.generated], dtype=torch.long)
+                out = model(input_ids=ids, past_key_values=DynamicCache(config=model.config), use_cache=True,
+                            logits_to_keep=1)
+                caches.append(out.past_key_values)
+                logits.append(out.logits[:, -1, :])
+        return caches, None, torch.cat(logits, dim=0)
+
+    def decode(self, model: torch.nn.Module) -> torch.Tensor:
+        """One decode iteration of every running row, each on its own cache; the logits."""
+        logits = []
+        with torch.no_grad():
+            for b, s in enumerate(self.seqs):
+                out = model(input_ids=torch.tensor([[s.generated[-1]]], dtype=torch.long),
+                            position_ids=torch.tensor([[s.total - 1]], dtype=torch.long),
+                            past_key_values=self.cache[b], use_cache=True)
+                self.cache[b] = out.past_key_values
+                logits.append(out.logits[:, -1, :])
+        return torch.cat(logits, dim=0)
+
+    def merge(self, seqs: list[CPUSeq], cache: list[Any], valid: None) -> None:
+        del valid
+        self.seqs = self.seqs + list(seqs)
+        self.cache = self.cache + list(cache)
+
+    def keep_rows(self, keep: list[int]) -> None:
+        self.seqs = [self.seqs[i] for i in keep]
+        self.cache = [self.cache[i] for i in keep]
+
+
+def batch_class_for(config: Any) -> type:
+    """`KVBatch` for a model whose cache is attention keys and values in every layer, else
+    `RowCacheBatch` (module docstring)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    layers = DynamicCache(config=config).layers
+    return KVBatch if all(type(layer) is DynamicLayer for layer in layers) else RowCacheBatch
 
 
 def sample_next(logits: torch.Tensor, seqs: list[CPUSeq], shared_gen: torch.Generator) -> tuple[list[int], list[float]]:

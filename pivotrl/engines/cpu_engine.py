@@ -48,7 +48,7 @@ from typing import Iterable, Mapping
 import torch
 
 from pivotrl.config.engine import EngineConfig
-from pivotrl.engines.cpu_batch import CPUSeq, KVBatch, sample_next
+from pivotrl.engines.cpu_batch import CPUSeq, batch_class_for, sample_next
 from pivotrl.engines.hf_model import eos_ids_of, load_hf_model, load_hf_tokenizer, load_state_dict_in_place
 from pivotrl.engines.protocol import (FINISH_LENGTH, FINISH_STOP, Completion, EngineStats,
                                       GenerationRequest, IterationSample, PrefillSample, TokenDeltas,
@@ -65,7 +65,10 @@ class CPUEngine:
     """One device per replica (a replica of several devices needs vLLM)."""
 
     def __init__(self, model_path: str | Path, cfg: EngineConfig | None = None, version: int = 0,
-                 tokenizer_path: str | Path | None = None, *, tensor_parallel_size: int = 1) -> None:
+                 tokenizer_path: str | Path | None = None, *, tensor_parallel_size: int = 1,
+                 read_weights: bool = True) -> None:
+        """`read_weights` False builds the model from its config alone, without reading the
+        folder's weights, for a caller that loads others next (a cold policy engine, from GPS)."""
         if tensor_parallel_size != 1:
             raise ValueError(f"the cpu engine runs one device per replica, not tensor_parallel_size="
                              f"{tensor_parallel_size} (a replica of several devices needs engine=vllm)")
@@ -73,7 +76,7 @@ class CPUEngine:
         self.model_path = Path(model_path)
         if self.cfg.num_threads:
             torch.set_num_threads(self.cfg.num_threads)
-        self.model = load_hf_model(self.model_path, self.cfg.dtype)
+        self.model = load_hf_model(self.model_path, self.cfg.dtype, read_weights)
         self.tokenizer = load_hf_tokenizer(tokenizer_path or self.model_path)
         self.initial_version = version
         self.version = version
@@ -86,7 +89,7 @@ class CPUEngine:
         self._incoming: list[CPUSeq] = []
         self._live: set[int] = set()  # submitted and not yet finished or aborted
         self._waiting: collections.deque[CPUSeq] = collections.deque()
-        self._batch = KVBatch()
+        self._batch = batch_class_for(self.model.config)()  # the running rows and their cache
         self._finished: list[Completion] = []
         self._iters: collections.deque[IterationSample] = collections.deque(maxlen=_MAX_SAMPLES)
         self._prefills: collections.deque[PrefillSample] = collections.deque(maxlen=_MAX_SAMPLES)
@@ -190,7 +193,7 @@ class CPUEngine:
         if hasattr(state_dict, "to_wire"):
             from pivotrl.engines.weight_sync import iter_manifest_tensors
 
-            state_dict = dict(iter_manifest_tensors(state_dict.to_wire(), 0))
+            state_dict = dict(iter_manifest_tensors(state_dict.to_wire()))
         with self._lock:
             self._check_live()
             load_state_dict_in_place(self.model, state_dict)
@@ -224,10 +227,11 @@ class CPUEngine:
                 return {}
             times: dict[str, float] = {}
             t = time.perf_counter()
-            if self.model is None:  # level-2 release: the folder's weights, at the initial version
-                self.model = load_hf_model(self.model_path, self.cfg.dtype)
+            if self.model is None:  # level-2 release: the folder's weights, at the initial version,
+                # unless others come next (then the folder's config alone)
+                self.model = load_hf_model(self.model_path, self.cfg.dtype, read_weights=state_dict is None)
                 self.version = self.initial_version
-                times["read_folder_s"] = time.perf_counter() - t
+                times["read_folder_s" if state_dict is None else "build_s"] = time.perf_counter() - t
             self._released = False
             if state_dict is not None:  # a state dict, or a leased GPS FileManifest
                 t = time.perf_counter()
@@ -311,7 +315,7 @@ class CPUEngine:
         t0 = time.perf_counter()
         if self._mark is None or not self._batch.seqs:  # the batch turns busy: an interval starts
             self._mark, self._prefill_since_mark = t0, 0.0
-        cache, valid, logits = KVBatch.prefill(self.model, seqs)
+        cache, valid, logits = self._batch.prefill(self.model, seqs)
         nxt, lps = sample_next(logits, seqs, self._gen)
         secs = time.perf_counter() - t0
         self._prefills.append(PrefillSample(tokens=sum(s.total for s in seqs), num_seqs=len(seqs), seconds=secs))

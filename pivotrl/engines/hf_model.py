@@ -18,9 +18,11 @@ __all__ = ["eos_ids_of", "load_hf_model", "load_hf_tokenizer", "load_state_dict_
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_hf_model(model_path: str | Path, dtype: str = "float32") -> torch.nn.Module:
-    """Load a Hugging Face causal-LM folder for inference; ValueError naming the folder if it fails."""
-    from transformers import AutoModelForCausalLM
+def load_hf_model(model_path: str | Path, dtype: str = "float32", read_weights: bool = True) -> torch.nn.Module:
+    """Load a Hugging Face causal-LM folder for inference; ValueError naming the folder if it fails.
+    `read_weights` False builds the model from its config.json alone (random values, no weight
+    file read), for a caller that loads the real weights next."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     path = Path(model_path)
     if not path.is_dir():
@@ -28,6 +30,9 @@ def load_hf_model(model_path: str | Path, dtype: str = "float32") -> torch.nn.Mo
     if not (path / "config.json").is_file():
         raise ValueError(f"model folder {str(path)!r} has no config.json (not a Hugging Face model folder)")
     try:
+        if not read_weights:
+            return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path)), dtype=_DTYPES[dtype],
+                                                    attn_implementation="sdpa").eval()
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_DTYPES[dtype], attn_implementation="sdpa")
     except Exception as e:  # noqa: BLE001 - re-raised naming the folder
         raise ValueError(f"model folder {str(path)!r} does not load: {type(e).__name__}: {e}") from e

@@ -40,9 +40,12 @@ def engine_class(name: str) -> type:
 
 
 def create_engine(model_path: str | Path, cfg: EngineConfig | str | None = None, version: int = 0,
-                  tokenizer_path: str | Path | None = None, *, tensor_parallel_size: int = 1) -> InferenceEngine:
+                  tokenizer_path: str | Path | None = None, *, tensor_parallel_size: int = 1,
+                  read_weights: bool = True) -> InferenceEngine:
     """Start the engine `cfg.name` on a Hugging Face model folder, across `tensor_parallel_size`
-    devices (an `EngineSpec`'s; only vLLM runs more than one).
+    devices (an `EngineSpec`'s; only vLLM runs more than one). `read_weights` False: the folder's
+    config and tokenizer only, its weights are not read (random values until the caller loads
+    others: a cold policy engine takes GPS's).
 
     A folder that does not load (missing, no config.json, bad weights, bad tokenizer) raises
     ValueError naming the folder."""
@@ -53,4 +56,4 @@ def create_engine(model_path: str | Path, cfg: EngineConfig | str | None = None,
     if not path.is_dir():
         raise ValueError(f"model folder {str(path)!r} does not exist or is not a folder")
     return engine_class(cfg.name)(path, cfg, version=version, tokenizer_path=tokenizer_path,
-                                  tensor_parallel_size=tensor_parallel_size)
+                                  tensor_parallel_size=tensor_parallel_size, read_weights=read_weights)

@@ -39,11 +39,17 @@ def sleep_supported() -> bool:
 
 
 def async_engine_args(model_path: Path, cfg: EngineConfig, max_model_len: int, tensor_parallel_size: int,
-                      sleep_mode: bool) -> Any:
+                      sleep_mode: bool, read_weights: bool = True) -> Any:
     """vLLM's `AsyncEngineArgs` for one engine (docs/benchmarks/refactor.md, "vLLM engine notes",
     has the measurements behind the chunked-prefill and log-prob choices)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
+    from pivotrl.config.engine import by_platform
+
+    cpu = platform_is_cpu()
+    # an engine built from bare settings (not a runtime EngineSpec) takes the platform's choices here;
+    # an unknown role gets the policy's (no expert parallelism unless asked)
+    cfg = by_platform(cfg, "cpu" if cpu else "cuda", "rollout", tensor_parallel_size)
     return AsyncEngineArgs(
         model=str(model_path), tokenizer=str(model_path), dtype=cfg.dtype,
         max_model_len=max_model_len, max_num_seqs=cfg.max_num_seqs, seed=cfg.seed,
@@ -51,15 +57,17 @@ def async_engine_args(model_path: Path, cfg: EngineConfig, max_model_len: int, t
         # the replica's actor owns its devices: its ranks are this engine's own processes
         # (inside a Ray placement group vLLM would otherwise ask Ray for workers of its own)
         distributed_executor_backend="mp" if tensor_parallel_size > 1 else None,
-        enable_expert_parallel=cfg.vllm_expert_parallel and tensor_parallel_size > 1,
+        enable_expert_parallel=bool(cfg.vllm_expert_parallel) and tensor_parallel_size > 1,
         gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
         worker_extension_cls=WORKER_EXTENSION,
+        # without the folder's weights (random values) when the caller loads others next (GPS's)
+        load_format="auto" if read_weights else "dummy",
         enable_sleep_mode=sleep_mode, disable_log_stats=False,
         # The CPU build cannot chunk a seeded request's prefill: its model runner rewinds the
         # request's generator over a discarded sample, which only a CUDA (Philox) generator
         # supports, and the engine process dies. Chunked prefill off makes vLLM's step budget at
         # least max_model_len, so every prompt fits a step whole (None keeps vLLM's default).
-        enable_chunked_prefill=False if platform_is_cpu() else None,
+        enable_chunked_prefill=False if cpu else None,
         # Log-probs of the distribution sampled from (after temperature and top-k/top-p), not
         # vLLM's default `raw_logprobs` of the logits before temperature.
         logprobs_mode="processed_logprobs",
@@ -96,6 +104,8 @@ class VLLMClient:
             os.environ["PYTHONPATH"] = os.pathsep.join([pkg_root, *parts])
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(cfg.vllm_kv_cache_gib)))))
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        # CUDA graphs' memory inside gpu_memory_utilization (vLLM 0.32's default; never turned off here)
+        os.environ["VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"] = "1"
         if cfg.num_threads:
             os.environ["OMP_NUM_THREADS"] = str(cfg.num_threads)
         self.run(self._astart(model_path), timeout=cfg.vllm_start_timeout_s)
@@ -153,9 +163,9 @@ class VLLMClient:
         finally:
             os.unlink(path)
 
-    def load_gps(self, manifest: FileManifest, bucket_bytes: int) -> None:
+    def load_gps(self, manifest: FileManifest) -> None:
         """Load a leased GPS `FileManifest`: each worker maps the node file itself."""
-        self.run(self.llm.collective_rpc("pivot_load_weights_from_gps", args=(manifest.to_wire(), bucket_bytes)))
+        self.run(self.llm.collective_rpc("pivot_load_weights_from_gps", args=(manifest.to_wire(),)))
 
     def weight_checksum(self) -> float:
         return self.run(self.llm.collective_rpc("pivot_weight_checksum"))[0]

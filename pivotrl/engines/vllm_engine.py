@@ -81,11 +81,13 @@ class VLLMEngine:
     def __init__(self, model_path: str | Path, cfg: EngineConfig | None = None, version: int = 0,
                  tokenizer_path: str | Path | None = None, *,
                  client_factory: Callable[["VLLMEngine"], Any] | None = None,
-                 sleep_mode: bool | None = None, tensor_parallel_size: int = 1) -> None:
+                 sleep_mode: bool | None = None, tensor_parallel_size: int = 1, read_weights: bool = True) -> None:
         """`client_factory(engine)` builds the AsyncLLM-like client on the engine's loop thread
         (default: vLLM's `AsyncLLM` from this engine's settings); `sleep_mode` None asks the
         platform whether vLLM can sleep (CUDA, ROCm, XPU: yes; the CPU build: no);
-        `tensor_parallel_size`: the devices the engine runs across (`EngineSpec`)."""
+        `tensor_parallel_size`: the devices the engine runs across (`EngineSpec`); `read_weights`
+        False starts without reading the folder's weights (vLLM's `load_format="dummy"`: random
+        values, for a caller that loads the real ones next, e.g. a cold policy engine from GPS)."""
         from transformers import AutoConfig
 
         self.cfg = cfg or EngineConfig(name="vllm")
@@ -115,6 +117,7 @@ class VLLMEngine:
         self.sleep_mode = sleep_supported() if sleep_mode is None else bool(sleep_mode)
         factory = client_factory or _start_async_llm
         self._requested_tp = int(tensor_parallel_size)
+        self._read_weights = bool(read_weights)
         self._client = VLLMClient(lambda: factory(self), self._requested_tp)
         self._client.start(self.cfg, self.model_path)
 
@@ -126,7 +129,8 @@ class VLLMEngine:
 
     def engine_args(self) -> Any:
         """vLLM's `AsyncEngineArgs` for this engine (what the default client factory starts)."""
-        return async_engine_args(self.model_path, self.cfg, self.max_model_len, self._requested_tp, self.sleep_mode)
+        return async_engine_args(self.model_path, self.cfg, self.max_model_len, self._requested_tp, self.sleep_mode,
+                                 read_weights=self._read_weights)
 
     def stat_logger_factory(self) -> type:
         """The vLLM stat logger class that turns engine batches into this engine's timing samples."""
@@ -274,8 +278,8 @@ class VLLMEngine:
     def load_weights(self, state_dict: Mapping[str, object], version: int) -> None:
         """Replace the weights of the serving engine in place and drop its prefix cache (those
         blocks were computed under the old weights). `state_dict` may also be a leased GPS
-        `FileManifest`: the workers map its file and read the tensors as views (`vllm_worker.py`),
-        in buckets of `EngineConfig.vllm_weight_bucket_mb` on CUDA. On failure the engine aborts
+        `FileManifest`: the workers map its file and vLLM's loaders read each rank's shard from
+        views of it (`vllm_worker.py`, `weight_sync.py`). On failure the engine aborts
         its sequences, shuts down and raises `EngineLoadError` carrying their tokens."""
         self._check_live()
         try:
@@ -288,7 +292,7 @@ class VLLMEngine:
     def _load(self, weights: FileManifest | Mapping[str, object]) -> None:
         """Into the workers: a GPS `FileManifest` (they map its file) or a state dict."""
         if hasattr(weights, "to_wire"):
-            self._client.load_gps(weights, self.cfg.vllm_weight_bucket_mb << 20)
+            self._client.load_gps(weights)
         else:
             self._client.load_state_dict(weights)
 
@@ -330,7 +334,8 @@ class VLLMEngine:
             phase = "restart"
             try:
                 t = time.perf_counter()
-                if self._client.llm is None:  # no sleep mode: a fresh engine process loads the folder
+                if self._client.llm is None:  # no sleep mode: a fresh engine process (the folder's
+                    self._read_weights = state_dict is None  # weights only when no others follow)
                     self._client.start(self.cfg, self.model_path)
                     times["restart_s"] = time.perf_counter() - t
                     self.version = self.initial_version

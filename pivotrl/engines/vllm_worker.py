@@ -7,11 +7,11 @@ a running model:
 
 - `pivot_load_weights_from_file(paths)`: safetensors files (a state dict the engine process wrote
   to `/dev/shm`, or a model folder's files);
-- `pivot_load_weights_from_gps(wire, bucket_bytes)`: straight from a GPS node buffer, a
-  `/dev/shm` file this node's GPS keeps (`pivotrl.gps.handles.FileManifest.to_wire()`): the file is
-  mapped read-only and each tensor is a view of it, so the only host copy is the one into the
-  model's parameters (on CUDA, through one reused pinned bucket of `bucket_bytes` for fast
-  host-to-device copies). Returns the version it loaded.
+- `pivot_load_weights_from_gps(wire)`: straight from a GPS node buffer, a `/dev/shm` file this
+  node's GPS keeps (`pivotrl.gps.handles.FileManifest.to_wire()`): the file is mapped and each
+  tensor is a view of it, so the only copy is vLLM's loader's, of this rank's shard only, into the
+  model's parameters (`pivotrl.engines.weight_sync`: why views, on CUDA too). Returns the version
+  it loaded.
 
 `write_weights_file` is the engine-process half of the first. Both feed vLLM's in-place `reload_weights`, which knows vLLM's fused QKV and gate/up layouts and
 redoes any post-load weight processing (the CPU build repacks its linears).
@@ -74,13 +74,11 @@ class PivotWorkerExtension:
 
         repack_after_reload(self.model_runner.model)
 
-    def pivot_load_weights_from_gps(self, wire: dict, bucket_bytes: int) -> int:
+    def pivot_load_weights_from_gps(self, wire: dict) -> int:
         """Load a GPS node buffer (see the module docstring) in place; return its version."""
         from pivotrl.engines.weight_sync import iter_manifest_tensors
 
-        dev = next(self.model_runner.model.parameters()).device.type
-        self.model_runner.reload_weights(weights_iterator=iter_manifest_tensors(wire, bucket_bytes, dev),
-                                         is_checkpoint_format=True)
+        self.model_runner.reload_weights(weights_iterator=iter_manifest_tensors(wire), is_checkpoint_format=True)
         self._repack()
         return int(wire["version"])
 

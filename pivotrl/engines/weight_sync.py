@@ -8,14 +8,14 @@ Owns the two public halves and the tensor iterator they share:
   (`GlobalParameterStore.begin_row_write`) and broadcasts it; every rank copies the dim-0 rows of
   every parameter it holds (FSDP2 shards are `Shard(0)`: rank r holds rows
   `[r * ceil(n / W), ...)`) straight into the node buffers, cast to the store's dtype in that copy
-  (on a GPU the cast runs on the device, so bf16 crosses PCIe); rank 0 commits once every row of
-  every tensor has arrived. No gather, no rank holds the whole model, and one host copy per byte
+  (on a GPU the cast runs on the device, so bf16 crosses PCIe), all in one
+  `GlobalParameterStore.write_rows_many` (another node's buffer takes them in one call); rank 0
+  commits once every row of every tensor has arrived. No gather, no rank holds the whole model, and one host copy per byte
   per node buffer (a device-to-host copy on GPU). Returns the new GPS version on every rank.
 - `load_from_gps(engine, store, model, node, version)`: lease the version, get the node buffer's
   file manifest (`GlobalParameterStore.file_manifest`) and let the engine load it (both
-  engines' `load_weights` take a manifest: vLLM's workers map the file and read tensors as views,
-  on CUDA through a reused pinned bucket and one host-to-device copy per bucket; the CPU engine
-  copies from the views). Where the buffer is no
+  engines' `load_weights` take a manifest: vLLM's workers map the file and hand vLLM's own weight
+  loaders views of it; the CPU engine copies from the views). Where the buffer is no
   file (the single-process `shm` transport) or not a whole copy, it falls back to a GPS read into
   fresh tensors and `load_weights`. Returns the timing as a measured event (seconds, bytes, GB/s,
   which path), never a timeout: a slow load is recorded, not fatal.
@@ -24,8 +24,19 @@ Owns the two public halves and the tensor iterator they share:
   itself, in its own process, for its own node (`GlobalParameterStore.local_node`): a leased file
   manifest both engines load from, or a GPS read where there is none. The driver never holds the
   weights.
-- `iter_manifest_tensors(wire, bucket_bytes, device_type)`: (name, tensor view) of a manifest in
-  its plain-data form (what `collective_rpc` carries), used by both engines.
+- `iter_manifest_tensors(wire)`: (name, tensor view) of a manifest in its plain-data form (what
+  `collective_rpc` carries), used by both engines.
+
+Each tensor-parallel rank reads only its own shard. vLLM's weight loaders take checkpoint-format
+tensors and narrow them to the rank's rows or columns (`narrow` on a view: no bytes move) before
+the one copy into the rank's parameter. Handing them views of the host mapping, not device
+tensors, makes that copy the only one, of the shard only: a TP=4 rank moves a quarter of the model
+from host memory, the four ranks at once, each in its own process. On CUDA that copy goes from
+pageable memory, which the driver stages through its own pinned buffers and DMA, overlapped (no
+bucket of ours, no device memory beyond the parameters). Registering the mapping instead
+(`cudaHostRegister`) would pin every page of the whole file on every rank at every load (a new
+file per version) to save part of a copy of a quarter of it: not done. CPU and GPU run the same
+code; `python -m pivotrl.bench weight_load` measures the shard reads.
 
 Fused MoE experts (transformers 5 keeps `mlp.experts.gate_up_proj` of shape (E, 2I, H) in memory;
 GPS keeps one tensor per expert, `gps.state_dict`): an FSDP2 rank holds whole experts (dim 0), so
@@ -120,10 +131,13 @@ def publish_shards(worker: TrainerWorker, store: GlobalParameterStore, model: st
     try:
         spec = store.spec(model)
         with torch.no_grad():
-            for name, p in worker.model.named_parameters():
-                for sname, start, local in rows_in_store(name, p, spec, world, worker_rank):
-                    n = store.write_rows(w, sname, start, local) if local.shape[0] else 0
-                    rows[sname] = rows.get(sname, 0) + n
+            mine = [r for name, p in worker.model.named_parameters()
+                    for r in rows_in_store(name, p, spec, world, worker_rank)]
+            for sname, _, _ in mine:
+                rows.setdefault(sname, 0)
+            # all at once: another node's rows go there in one call, not one per tensor
+            for sname, n in store.write_rows_many(w, [r for r in mine if r[2].shape[0]]).items():
+                rows[sname] += n
     except Exception as e:  # noqa: BLE001 - every rank must reach the gather below
         err = f"rank {worker_rank}: {type(e).__name__}: {e}"
     parts: list[Any] = [None] * world
@@ -153,51 +167,13 @@ def publish_shards(worker: TrainerWorker, store: GlobalParameterStore, model: st
     return int(result[0])
 
 
-def _buckets(entries: list, bucket_bytes: int) -> Iterator[list[tuple[str, int, tuple[int, ...], torch.dtype, int]]]:
-    """Consecutive entries grouped into runs of at most `bucket_bytes` (a larger tensor alone)."""
-    cur, size = [], 0
-    for name, offset, shape, dtype in entries:
-        dt = getattr(torch, dtype)
-        n = dt.itemsize * math.prod(shape)
-        if cur and size + n > bucket_bytes:
-            yield cur
-            cur, size = [], 0
-        cur.append((name, offset, tuple(shape), dt, n))
-        size += n
-    if cur:
-        yield cur
-
-
-def iter_manifest_tensors(wire: Mapping[str, Any], bucket_bytes: int,
-                          device_type: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every entry of a manifest's plain-data form.
-
-    CPU: views of the mapped node buffer (no copy here; the loader's copy is the only one).
-    CUDA: bucket by bucket (`bucket_bytes`), the bucket's tensors are packed into one reused
-    pinned host buffer, sent to the device in one copy, and yielded as views of that device
-    bucket. Each device bucket is fresh, so a loader that keeps references to earlier tensors
-    (to process a layer once all of its weights arrived) still sees the right bytes; the pinned
-    buffer is reused only after the previous copy finished."""
+def iter_manifest_tensors(wire: Mapping[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every entry of a manifest's plain-data form: views of the mapped node
+    file, nothing copied or read yet (module docstring: one copy, the loader's)."""
     buf = torch.from_file(wire["path"], shared=True, size=int(wire["nbytes"]), dtype=torch.uint8)
-    if device_type != "cuda":
-        for name, offset, shape, dt, n in (e for bk in _buckets(wire["entries"], 1 << 62) for e in bk):
-            yield name, buf[offset:offset + n].view(dt).view(shape)
-        return
-    pinned: torch.Tensor | None = None
-    for bucket in _buckets(wire["entries"], max(1, bucket_bytes)):
-        total = sum(e[4] for e in bucket)
-        if pinned is None or pinned.numel() < total:
-            pinned = torch.empty(max(bucket_bytes, total), dtype=torch.uint8, pin_memory=True)
-        pos = 0
-        for _, offset, _, _, n in bucket:
-            pinned[pos:pos + n].copy_(buf[offset:offset + n])
-            pos += n
-        dev = pinned[:total].to("cuda", non_blocking=True)
-        torch.cuda.current_stream().synchronize()  # the pinned buffer is free again
-        pos = 0
-        for name, _, shape, dt, n in bucket:
-            yield name, dev[pos:pos + n].view(dt).view(shape)
-            pos += n
+    for name, offset, shape, dtype in wire["entries"]:
+        dt = getattr(torch, dtype)
+        yield name, buf[offset:offset + dt.itemsize * math.prod(shape)].view(dt).view(tuple(shape))
 
 
 @contextlib.contextmanager

@@ -19,10 +19,12 @@ Families (names as in `config.json` `architectures` / `model_type`):
 Qwen3.5 (`qwen3_5`, `qwen3_5_moe`): transformers 5.19 implements it and vLLM 0.32 registers it, but
 (checked here) vLLM's CPU build cannot import its Qwen3.5 model: `vllm/model_executor/models/qwen3_5.py`
 builds on the Qwen3-VL module, which needs torchvision, and this environment must not have torchvision
-(it breaks transformers beside torch 2.13). With nothing to test it against, GPS has no rules yet for
-its gated-delta-net layers (`linear_attn.in_proj_qkv` = [q; k; v] of unequal blocks, `conv1d` over the
-same channels, `A_log`, `dt_bias`), its gated `q_proj` (query and gate interleaved per head), its vision
-tower or its MTP head, so `family_of` refuses it by name ("not supported yet").
+(it breaks transformers beside torch 2.13). GPS has no rules for its gated-delta-net layers
+(`linear_attn.in_proj_qkv` = [q; k; v] of unequal blocks, `conv1d` over the same channels, `A_log`,
+`dt_bias`), its gated `q_proj` (query and gate interleaved per head), its vision tower or its MTP
+head, so `family_of` refuses it by name as a model GPS must hold (a policy). As the frozen judge
+(the paper's Qwen3.5-122B-A10B) it needs none: the judge never goes through GPS, its engine loads
+its checkpoint with its own loader from a host-memory copy (`node_import.host_copy`).
 
 Decision: a config dict without `architectures` and `model_type` is read as Qwen2 (Qwen2-MoE when it
 has `num_experts`): the shape-only configs of the benchmarks and older tests are written that way.
@@ -240,8 +242,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
 #: Architectures known to exist but without GPS rules yet: architecture -> why.
 NOT_SUPPORTED_YET: dict[str, str] = {
     arch: ("PivotRL's GPS has no partition rules yet for Qwen3.5's gated-delta-net layers (linear_attn.in_proj_qkv, "
-           "conv1d, A_log, dt_bias), gated q_proj, vision tower and MTP head; the installed vLLM CPU build cannot "
-           "import its Qwen3.5 model (needs torchvision), so nothing here could test them (pivotrl/gps/families.py)")
+           "conv1d, A_log, dt_bias), gated q_proj, vision tower and MTP head, so it cannot be the policy (the "
+           "model GPS holds and the trainer updates); as the frozen GenRM (models.genrm) it needs no GPS rules "
+           "(pivotrl/gps/families.py)")
     for arch in ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
                  "Qwen3_5MoeForConditionalGeneration", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text")
 }

@@ -152,13 +152,19 @@ def models_need_bytes(models: list[tuple[str, ModelSpec, bool]], num_nodes: int,
 
 
 def check_budget(budget_per_node: int, models: list[tuple[str, ModelSpec, bool]], num_nodes: int,
-                 headroom_versions: int, alignment: int, where: str = "gps.node_memory_budget_bytes") -> int:
+                 headroom_versions: int, alignment: int, where: str = "gps.node_memory_budget_bytes",
+                 beside: list[tuple[str, int]] = ()) -> int:
     """Raise BudgetError naming both numbers when `models` cannot fit `budget_per_node` even fully
-    sharded; return the per-node bytes they will take (replicated where the budget allows)."""
+    sharded; return the per-node bytes they will take (replicated where the budget allows).
+    `beside`: (name, bytes) held whole on every node next to GPS (a frozen judge's host copy,
+    `GlobalParameterStore.host_copy`), taken from every node's budget first."""
     full, sharded = models_need_bytes(models, num_nodes, headroom_versions, alignment)
+    extra = sum(int(b) for _, b in beside)
+    full, sharded = full + extra, sharded + extra
     if sharded > budget_per_node:
-        what = ", ".join(f"{n} {s.nbytes / 2**30:.2f} GiB ({'frozen' if f else f'{1 + headroom_versions} versions'})"
-                         for n, s, f in models)
+        what = ", ".join([*(f"{n} {s.nbytes / 2**30:.2f} GiB ({'frozen' if f else f'{1 + headroom_versions} versions'})"
+                            for n, s, f in models),
+                          *(f"{n} {b / 2**30:.2f} GiB (a host copy on every node)" for n, b in beside)])
         raise BudgetError(
             f"{where}: GPS needs {sharded} bytes ({sharded / 2**30:.2f} GiB) per node for {what} even sharded "
             f"over {num_nodes} node(s), but the budget is {budget_per_node} bytes ({budget_per_node / 2**30:.2f} GiB); "

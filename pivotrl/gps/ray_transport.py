@@ -1,10 +1,13 @@
 """GPS across Ray nodes: one `NodeStore` actor per node holds that node's buffers in `/dev/shm`.
 
-Owns: `NodeStore` (allocates, frees and serves boxes of its node's buffers), `RayTransport` (a
-process on a buffer's node maps its file directly, zero extra copies; any other process gets the
-boxes through Ray object transfer), `RemoteTable` (the version table living in one Ray actor, so
-every process sees the same versions and leases) and `make_ray_store`, which builds a store whose
-handle can be shipped to device actors (`store.read` then runs in the device's own process).
+Owns: `NodeStore` (allocates, frees and serves boxes of its node's buffers, fills a buffer from
+the checkpoint folder its node sees, measures its node's memory budget), `RayTransport` (a process
+on a buffer's node maps its file directly, zero extra copies; any other process gets the boxes
+through Ray object transfer, one call per node for a batch of boxes), `RemoteTable` (the version
+table living in one Ray actor, so every process sees the same versions and leases) and
+`make_ray_store`, which builds a store whose handle can be shipped to device actors (`store.read`
+then runs in the device's own process). The store's per-node budget is what each node's
+`NodeStore` measures on its own machine (`placement.budget_bytes` there), never the driver's.
 """
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ class NodeStore:
         self.dir = shm_dir
         self.tag = f"pivotrl-gps-n{node}-{uuid.uuid4().hex[:8]}"
         self.bufs: dict[str, torch.Tensor] = {}
-        self.served = {"read_bytes": 0, "write_bytes": 0}
+        self.copies: set[str] = set()
+        self.served = {"read_bytes": 0, "write_bytes": 0, "write_calls": 0, "import_bytes": 0}
 
     def ray_node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -56,13 +60,40 @@ class NodeStore:
     def write(self, path: str, items: list[SliceItem], tensors: list[torch.Tensor]) -> None:
         write_items(self.bufs[path], items, tensors)
         self.served["write_bytes"] += sum(t.numel() * t.element_size() for t in tensors)
+        self.served["write_calls"] += 1
+
+    def fill(self, path: str, entries: list, folder: str) -> int:
+        """Fill buffer `path` from `folder` as this node sees it (`node_import.fill_from_folder`)."""
+        from pivotrl.gps.node_import import fill_from_folder
+
+        n = fill_from_folder(self.bufs[path], entries, folder)
+        self.served["import_bytes"] += n
+        return n
+
+    def budget(self, config: GPSConfig) -> int:
+        """This node's GPS budget (`placement.budget_bytes`, measured here)."""
+        return budget_bytes(config)
+
+    def host_copy(self, folder: str, name: str) -> str:
+        """`folder` copied into this node's shared memory as `name` (`node_import.host_copy`);
+        its path, the same on every node. Removed when the store closes."""
+        from pivotrl.gps.node_import import host_copy
+
+        dst = os.path.join(self.dir, name)
+        self.copies.add(dst)
+        return str(host_copy(folder, dst))
 
     def stats(self) -> dict[str, int]:
         return {**self.served, "resident_bytes": sum(b.numel() for b in self.bufs.values())}
 
     def close(self) -> None:
+        import shutil
+
         for p in list(self.bufs):
             self.free(p)
+        for d in self.copies:
+            shutil.rmtree(d, ignore_errors=True)
+        self.copies.clear()
 
 
 class RayTransport(Transport):
@@ -144,6 +175,22 @@ class RayTransport(Transport):
     def write_remote_many(self, requests: list[tuple[BufferRef, list[SliceItem], list[torch.Tensor]]]) -> None:
         ray.get([self.actors[ref.node].write.remote(ref.path, items, ts) for ref, items, ts in requests])
 
+    def fill_many(self, requests: list[tuple[BufferRef, list, str]]) -> None:
+        # every node reads the folder its own filesystem shows, all at once
+        ray.get([self.actors[ref.node].fill.remote(ref.path, entries, folder) for ref, entries, folder in requests])
+
+    def node_budgets(self, config: GPSConfig) -> list[int]:
+        """Each node's GPS budget, measured on that node."""
+        return ray.get([a.budget.remote(config) for a in self.actors])
+
+    def host_copy(self, folder: str, name: str) -> str:
+        """`folder` copied into every node's shared memory (`NodeStore.host_copy`), all at once;
+        the path, which is the same on every node."""
+        paths = set(ray.get([a.host_copy.remote(folder, name) for a in self.actors]))
+        if len(paths) != 1:
+            raise RuntimeError(f"GPS nodes put the host copy of {folder} at different paths: {sorted(paths)}")
+        return paths.pop()
+
     def node_stats(self) -> list[dict[str, int]]:
         return ray.get([a.stats.remote() for a in self.actors])
 
@@ -177,6 +224,7 @@ def make_ray_store(config: GPSConfig, num_nodes: int, ray_node_ids: list[str] | 
     returned object pickles into device actors, which then read/write from their own process.
     `ray_node_ids`: the Ray node of each GPS node (`RayTransport.create`)."""
     transport = RayTransport.create(config, num_nodes, ray_node_ids)
+    budgets = transport.node_budgets(config)  # each node's own memory (module docstring)
     table_actor = ray.remote(num_cpus=0)(VersionTable).remote(
-        num_nodes, budget_bytes(config), config.write_headroom_versions, config.alignment_bytes)
+        num_nodes, budgets, config.write_headroom_versions, config.alignment_bytes)
     return GlobalParameterStore(config, num_nodes, transport=transport, table=RemoteTable(table_actor))

@@ -7,10 +7,16 @@ Owns the two operations and their execution:
   tensor is one whole slice;
 - `write(model, devices, layout, shards)` validates every name, shape and dtype first, then fills
   a fresh, invisible version on every holder and publishes it in one step.
+- `import_folder(model, folder, spec)`: version 0 filled by every node from the checkpoint folder
+  it sees itself (`Transport.fill_many`: on the Ray transport each node's store actor reads its
+  own files, all nodes at once), so a start-up import never passes through this process.
 - a *row write* (`begin_row_write` / `write_rows` / `commit_row_write`): a new version filled
   piecewise by many processes, each writing the dim-0 rows it holds (an FSDP2 rank's shard of every
   parameter) straight into the node buffers, with the cast to the stored dtype done by that copy:
-  no gather, one host copy; the committer checks every row of every tensor arrived;
+  no gather, one host copy; the committer checks every row of every tensor arrived. A writer
+  hands over all its rows at once (`write_rows_many`): rows for its own node's buffer are copied
+  in place, and each other node gets them in one call (per `remote_write_bucket_bytes`), all
+  nodes at once, never one blocking call per tensor;
 - `file_manifest`: a leased version's node buffer as (file path, offset, shape, dtype) per tensor,
   for a process on that node to map and read without a copy through this one (vLLM's workers).
 Owns too: the registered models (spec, placement, chunk layouts), the plan cache (by model,
@@ -24,10 +30,11 @@ from __future__ import annotations
 import os
 import re
 import threading
+import uuid
 import weakref
 from collections import OrderedDict, defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -36,6 +43,7 @@ from pivotrl.gps.errors import ShardMismatchError
 from pivotrl.gps.execute import check_shards, check_state_dict, execute_read, execute_write
 from pivotrl.gps.handles import FileManifest, ReadResult, RowWrite, StateDict
 from pivotrl.gps.layout import Layout, ModelSpec, validate_layout
+from pivotrl.gps.node_import import FillEntry
 from pivotrl.gps.placement import ChunkLayout, Placement, budget_bytes
 from pivotrl.gps.planner import Device, LinkProfile, Plan, plan_read, plan_write
 from pivotrl.gps.transports import BufferRef, Transport, chunk_view, make_transport, torch_dtype
@@ -95,6 +103,41 @@ class GlobalParameterStore:
         except BaseException:
             self._free(self.table.remove_model(model))
             raise
+
+    def import_folder(self, model: str, folder: str, spec: ModelSpec, *, frozen: bool = False) -> int:
+        """Register `model` (`spec`, e.g. `checkpoint.checkpoint_spec(folder)`) and fill version 0 on
+        every node from `folder` as that node sees it (module docstring); returns 0. On failure
+        nothing stays registered."""
+        self.table.add_model(model, spec, frozen)
+        try:
+            _, placement, _, chunks = self._model(model)
+
+            def fill(bufs: dict[int, BufferRef]) -> None:
+                plan: list[tuple[BufferRef, list[FillEntry], str]] = []
+                for n, ref in bufs.items():
+                    e = chunks[placement.chunk_of(n)].entries
+                    plan.append((ref, [(t.name, e[t.name].offset, e[t.name].rows, e[t.name].shape, t.dtype)
+                                       for t in spec.tensors], str(folder)))
+                self.transport.fill_many(plan)
+
+            return self._new_version(model, True, fill)
+        except BaseException:
+            self._free(self.table.remove_model(model))
+            with self._lock:
+                self._models.pop(model, None)
+            raise
+
+    def host_copy(self, name: str, folder: str) -> str:
+        """Keep `folder` (a frozen model's checkpoint, e.g. the judge) beside GPS as a copy in every
+        node's shared memory, for engines that load it with their own loader
+        (`node_import.host_copy`): its bytes are reserved from every node's budget first
+        (BudgetError when a node lacks them). Returns the copy's path, the same on every node;
+        it is removed when the store closes."""
+        from pivotrl.gps.node_import import folder_bytes
+
+        self.table.reserve(f"host copy of {name}", folder_bytes(folder))
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+        return self.transport.host_copy(str(folder), f"pivotrl-host-{os.getpid()}-{uuid.uuid4().hex[:8]}-{safe}")
 
     def unregister(self, model: str) -> None:
         self._free(self.table.remove_model(model))
@@ -217,11 +260,16 @@ class GlobalParameterStore:
     def _commit(self, model: str, plan: Plan, shards: Mapping[Device, Mapping[str, torch.Tensor]],
                 initial: bool) -> int:
         spec, _, _, chunks = self._model(model)
+        return self._new_version(model, initial, lambda bufs: execute_write(self.transport, spec, plan, bufs, chunks, shards))
+
+    def _new_version(self, model: str, initial: bool, fill: Callable[[dict[int, BufferRef]], None]) -> int:
+        """Begin a version of `model`, allocate its node buffers, `fill(bufs)` them, publish it;
+        on any failure the version and its buffers are dropped and the current one stays."""
         with self._write_locks[model]:
             v = self.table.begin_write(model, initial=initial)
             bufs = self._allocate_version(model, v)
             try:
-                execute_write(self.transport, spec, plan, bufs, chunks, shards)
+                fill(bufs)
                 dead = self.table.commit(model, v, bufs)
             except BaseException:
                 self.table.abort(model, v)
@@ -263,37 +311,65 @@ class GlobalParameterStore:
 
     def write_rows(self, w: RowWrite, name: str, row_start: int, tensor: torch.Tensor) -> int:
         """Copy `tensor` as rows `[row_start, row_start + len(tensor))` of stored tensor `name`
-        into every node buffer holding any of them (casting to the stored dtype in the copy; a
-        device tensor is cast on its device first, halving the bytes that cross PCIe). Returns
-        the rows written, for `commit_row_write`'s count."""
+        into every node buffer holding any of them; returns the rows written, for
+        `commit_row_write`'s count. One tensor of `write_rows_many`."""
+        return self.write_rows_many(w, [(name, row_start, tensor)])[name]
+
+    def write_rows_many(self, w: RowWrite, rows: Sequence[tuple[str, int, torch.Tensor]]) -> dict[str, int]:
+        """Every `(name, row_start, tensor)` of one writer, as `write_rows` each, casting to the
+        stored dtype in the copy (a device tensor is cast on its device first, halving the bytes
+        that cross PCIe). Rows for a buffer this process maps are copied in place; the rest go to
+        their nodes in one call per node (per `config.remote_write_bucket_bytes` of them), all
+        nodes at once. Everything is checked before the first byte moves. Returns rows written
+        per stored name."""
         spec, placement, _, chunks = self._model(w.model)
-        if name not in spec:
-            raise ShardMismatchError(f"row write to {w.model!r}: {name!r} is not a stored tensor")
-        ts = spec[name]
-        n = int(tensor.shape[0]) if tensor.dim() else 0
-        if tuple(tensor.shape[1:]) != tuple(ts.shape[1:]) or row_start < 0 or row_start + n > ts.shape[0]:
-            raise ShardMismatchError(f"row write to {w.model!r}: {name} rows [{row_start}, {row_start + n}) of shape "
-                                     f"{tuple(tensor.shape)} do not fit the stored {ts.shape}")
-        want = torch_dtype(ts.dtype)
-        if tensor.device.type != "cpu" and tensor.dtype != want:
-            tensor = tensor.to(want)
+        for name, row_start, tensor in rows:
+            if name not in spec:
+                raise ShardMismatchError(f"row write to {w.model!r}: {name!r} is not a stored tensor")
+            ts, n = spec[name], int(tensor.shape[0]) if tensor.dim() else 0
+            if tuple(tensor.shape[1:]) != tuple(ts.shape[1:]) or row_start < 0 or row_start + n > ts.shape[0]:
+                raise ShardMismatchError(f"row write to {w.model!r}: {name} rows [{row_start}, {row_start + n}) of "
+                                         f"shape {tuple(tensor.shape)} do not fit the stored {ts.shape}")
         views = self._row_views.setdefault((w.model, w.version), {})
-        for node, ref in w.bufs.items():
-            e = chunks[placement.chunk_of(node)].entries[name]
-            a, b = max(row_start, e.rows[0]), min(row_start + n, e.rows[1])
-            if a >= b:
-                continue
-            src = tensor[a - row_start:b - row_start]
-            if node not in views:  # map each node buffer once per write, not once per tensor
-                views[node] = self.transport.local_view(ref)
-            view = views[node]
-            if view is not None:
-                chunk_view(view, e.offset, e.shape, ts.dtype)[a - e.rows[0]:b - e.rows[0]].copy_(src)
-            else:
+        bucket = max(1, int(self.config.remote_write_bucket_bytes))
+        pending: dict[int, tuple[list, list, list[int]]] = {}  # node -> (items, tensors, [bytes])
+        written: dict[str, int] = {}
+
+        def flush(only: int | None = None) -> None:
+            nodes = [n for n in pending if only is None or n == only]
+            self.transport.write_remote_many([(w.bufs[n], pending[n][0], pending[n][1]) for n in nodes])
+            for n in nodes:
+                del pending[n]
+
+        for name, row_start, tensor in rows:
+            ts, n = spec[name], int(tensor.shape[0]) if tensor.dim() else 0
+            written[name] = written.get(name, 0) + n
+            want = torch_dtype(ts.dtype)
+            if tensor.device.type != "cpu" and tensor.dtype != want:
+                tensor = tensor.to(want)
+            for node, ref in w.bufs.items():
+                e = chunks[placement.chunk_of(node)].entries[name]
+                a, b = max(row_start, e.rows[0]), min(row_start + n, e.rows[1])
+                if a >= b:
+                    continue
+                src = tensor[a - row_start:b - row_start]
+                if node not in views:  # map each node buffer once per write, not once per tensor
+                    views[node] = self.transport.local_view(ref)
+                view = views[node]
+                if view is not None:
+                    chunk_view(view, e.offset, e.shape, ts.dtype)[a - e.rows[0]:b - e.rows[0]].copy_(src)
+                    continue
                 box = ((a - e.rows[0], b - e.rows[0]),) + tuple((0, d) for d in ts.shape[1:])
-                self.transport.write_remote(ref, [(e.offset, e.shape, ts.dtype, box)],
-                                            [src.to(device="cpu", dtype=want).contiguous()])
-        return n
+                items, tensors, size = pending.setdefault(node, ([], [], [0]))
+                t = src.to(device="cpu", dtype=want).contiguous()
+                items.append((e.offset, e.shape, ts.dtype, box))
+                tensors.append(t)
+                size[0] += t.numel() * t.element_size()
+                if size[0] >= bucket:
+                    flush(node)
+        if pending:
+            flush()
+        return written
 
     def commit_row_write(self, w: RowWrite, rows_written: Mapping[str, int]) -> int:
         """Publish `w`'s version if `rows_written` (rows per tensor, summed over every writer)

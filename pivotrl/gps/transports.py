@@ -9,7 +9,9 @@ implementations:
   buffers as `/dev/shm` files; a process on the same node maps the file (zero extra copies), a
   process on another node gets the bytes through Ray object transfer.
 - `nixl` (nixl_transport.py): registers the buffers with a NIXL agent; only where `nixl` imports.
-The planner decides *which* holder serves a slice; the transport only moves bytes.
+The planner decides *which* holder serves a slice; the transport only moves bytes. The byte-level
+helpers (typed views of a buffer, strided copies, file mappings) are `buffers.py`'s, re-exported
+here.
 """
 from __future__ import annotations
 
@@ -19,10 +21,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from pivotrl.config.gps import TRANSPORTS, GPSConfig
+from pivotrl.gps.buffers import box_slices, chunk_view, copy_into, dtype_name, map_file, torch_dtype  # noqa: F401 - re-exported
 
 # (byte offset of the chunk in the buffer, chunk shape, dtype name, box relative to the chunk)
 SliceItem = tuple[int, tuple[int, ...], str, tuple[tuple[int, int], ...]]
@@ -36,54 +38,6 @@ class BufferRef:
     key: str
     nbytes: int
     path: str
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    dt = getattr(torch, name, None)
-    if not isinstance(dt, torch.dtype):
-        raise ValueError(f"unknown dtype name {name!r}")
-    return dt
-
-
-def dtype_name(dt: torch.dtype) -> str:
-    return str(dt).replace("torch.", "")
-
-
-def box_slices(box: tuple[tuple[int, int], ...]) -> tuple[slice, ...]:
-    return tuple(slice(a, b) for a, b in box)
-
-
-def chunk_view(buf: torch.Tensor, offset: int, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
-    """Typed view of one chunk inside a uint8 node buffer (no copy)."""
-    dt = torch_dtype(dtype)
-    n = dt.itemsize
-    for s in shape:
-        n *= s
-    return buf[offset:offset + n].view(dt).view(shape)
-
-
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """`dst.copy_(src)`, except strided host-to-host copies (row-parallel TP slices: many short
-    rows) go through numpy's `copyto`. On the 2-core dev VM, copying 2.8 KB-row column blocks ran
-    at 0.6-0.77x a contiguous memcpy with numpy and 0.55-0.7x with torch's single-threaded
-    strided copy (noisy, shared machine). The bytes are reinterpreted as same-width integers, so
-    bf16 works and values are copied bit for bit."""
-    if (dst.device.type == "cpu" and src.device.type == "cpu" and dst.dtype == src.dtype
-            and not (dst.is_contiguous() and src.is_contiguous()) and dst.element_size() in _INT_OF_SIZE
-            and dst.numel()):
-        it = _INT_OF_SIZE[dst.element_size()]
-        np.copyto(dst.view(it).numpy(), src.view(it).numpy())
-    else:
-        dst.copy_(src)
-
-
-def map_file(path: str, nbytes: int) -> torch.Tensor:
-    """uint8 tensor over a shared file mapping (creates/extends the file to `nbytes`)."""
-    storage = torch.UntypedStorage.from_file(path, shared=True, nbytes=nbytes)
-    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,), (1,))
 
 
 def read_items(buf: torch.Tensor, items: list[SliceItem]) -> list[torch.Tensor]:
@@ -138,6 +92,23 @@ class Transport(abc.ABC):
     def write_remote(self, ref: BufferRef, items: list[SliceItem], tensors: list[torch.Tensor]) -> None:
         raise NotImplementedError(f"transport {self.name!r} cannot reach node {ref.node}")
 
+    def fill_many(self, requests: list[tuple[BufferRef, list[Any], str]]) -> None:
+        """Fill each buffer from a checkpoint folder (`node_import.fill_from_folder` entries):
+        here, through this process's mapping of it; a transport whose nodes are other processes
+        has each node fill its own from the folder that node sees."""
+        from pivotrl.gps.node_import import fill_from_folder
+
+        for ref, entries, folder in requests:
+            view = self.local_view(ref)
+            if view is None:
+                raise NotImplementedError(f"transport {self.name!r} cannot reach node {ref.node}")
+            fill_from_folder(view, entries, folder)
+
+    def host_copy(self, folder: str, name: str) -> str:
+        """`folder` copied into every node's shared memory under `name` (`node_import.host_copy`),
+        removed at `close()`; returns the path, the same on every node."""
+        raise NotImplementedError(f"transport {self.name!r} keeps no host copies")
+
     def resident_bytes(self) -> int:
         """Bytes of node buffers this transport currently keeps allocated."""
         return 0
@@ -160,6 +131,7 @@ class ShmTransport(Transport):
         self.pool_limit = config.pool_freed_buffers
         self._bufs: dict[str, torch.Tensor] = {}
         self._pool: dict[int, list[torch.Tensor]] = {}
+        self._copies: set[str] = set()
         self._tag = f"pivotrl-gps-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
     def __getstate__(self) -> dict:
@@ -191,6 +163,13 @@ class ShmTransport(Transport):
     def local_view(self, ref: BufferRef) -> torch.Tensor | None:
         return self._bufs.get(ref.path)
 
+    def host_copy(self, folder: str, name: str) -> str:
+        from pivotrl.gps.node_import import host_copy
+
+        dst = os.path.join(self.dir, name)
+        self._copies.add(dst)
+        return str(host_copy(folder, dst))
+
     def resident_bytes(self) -> int:
         return sum(b.numel() for b in self._bufs.values())
 
@@ -199,8 +178,13 @@ class ShmTransport(Transport):
         return sum(b.numel() for bs in self._pool.values() for b in bs)
 
     def close(self) -> None:
+        import shutil
+
         self._bufs.clear()
         self._pool.clear()
+        for d in self._copies:
+            shutil.rmtree(d, ignore_errors=True)
+        self._copies.clear()
 
 
 def _sole_owner(buf: torch.Tensor) -> bool:

@@ -2,7 +2,10 @@
 
 Owns the metadata and its invariants, under one lock:
 - a model's placement is fixed when it registers, and its memory is reserved from every node's
-  budget then (registration that does not fit raises BudgetError and changes nothing). Models
+  budget then (registration that does not fit raises BudgetError and changes nothing). Each node
+  has its own budget (measured on that node: `ray_transport.make_ray_store`); a placement fits
+  the node with the least room left. Memory held beside GPS on every node (a frozen judge's
+  host-memory copy, `reserve`) is taken from every node's budget the same way. Models
   are placed in registration order, each replicated if what is left fits it: register the model
   read most on the critical path (the policy) first;
 - versions are published atomically: `begin_write` hands out `v+1` invisibly, `commit` makes it
@@ -17,9 +20,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
-from pivotrl.gps.errors import FrozenModelError, UnknownModelError, UnknownVersionError, WriteConflictError
+from pivotrl.gps.errors import BudgetError, FrozenModelError, UnknownModelError, UnknownVersionError, WriteConflictError
 from pivotrl.gps.layout import ModelSpec
 from pivotrl.gps.placement import Placement, choose_placement, node_bytes
 
@@ -46,9 +49,15 @@ class ModelRecord:
 class VersionTable:
     """Metadata of every model in one GPS instance; thread-safe."""
 
-    def __init__(self, num_nodes: int, budget_per_node: int, headroom_versions: int, alignment: int) -> None:
+    def __init__(self, num_nodes: int, budget_per_node: int | Sequence[int], headroom_versions: int,
+                 alignment: int) -> None:
+        """`budget_per_node`: one budget for every node, or one per node."""
         self.num_nodes = num_nodes
-        self.budget = budget_per_node
+        budgets = [int(budget_per_node)] * num_nodes if isinstance(budget_per_node, int) else [int(b) for b in budget_per_node]
+        if len(budgets) != num_nodes:
+            raise ValueError(f"{len(budgets)} node budgets for {num_nodes} nodes")
+        self.budget = budgets
+        self.external: dict[str, int] = {}
         self.headroom = headroom_versions
         self.alignment = alignment
         self.reserved = [0] * num_nodes
@@ -61,13 +70,36 @@ class VersionTable:
             if name in self._models:
                 raise ValueError(f"model {name!r} is already registered")
             copies = 1 if frozen else 1 + self.headroom
-            free = self.budget - max(self.reserved)
+            free = self.free_bytes()
             placement = choose_placement(spec, self.num_nodes, free, copies, self.alignment)
             per_node = node_bytes(spec, placement.k, self.alignment) * copies
             self._models[name] = ModelRecord(name, spec, placement, frozen, per_node)
             for n in range(self.num_nodes):
                 self.reserved[n] += per_node
             return placement, spec
+
+    def budgets(self) -> list[int]:
+        """Each node's budget, bytes."""
+        return list(self.budget)
+
+    def free_bytes(self) -> int:
+        """Room left on the fullest node (call with the lock held or for a snapshot)."""
+        return min(b - r for b, r in zip(self.budget, self.reserved))
+
+    def reserve(self, name: str, nbytes_per_node: int) -> None:
+        """Take `nbytes_per_node` of every node's budget for memory kept beside GPS (`name`: what
+        it is, for the error); BudgetError naming both numbers when a node lacks the room."""
+        with self._lock:
+            if name in self.external:
+                raise ValueError(f"{name!r} is already reserved")
+            free = self.free_bytes()
+            if nbytes_per_node > free:
+                raise BudgetError(f"{name} needs {nbytes_per_node} bytes ({nbytes_per_node / 2**30:.2f} GiB) of host "
+                                  f"memory on every node, but only {free} bytes ({free / 2**30:.2f} GiB) of the GPS "
+                                  "budget are left (cluster.gps.node_memory_budget_bytes / node_memory_fraction)")
+            self.external[name] = int(nbytes_per_node)
+            for n in range(self.num_nodes):
+                self.reserved[n] += int(nbytes_per_node)
 
     def model(self, name: str) -> tuple[ModelSpec, Placement, bool]:
         with self._lock:

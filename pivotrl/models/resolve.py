@@ -5,7 +5,10 @@ id found in the local Hugging Face cache: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, 
 `~/.cache/huggingface/hub`, read as `models--{org}--{name}/snapshots/{refs/main}`), and checking it is
 complete and usable before anything starts: config.json, an architecture GPS has rules for, every
 weight file and tensor its config implies (headers only, nothing is loaded), and a tokenizer with a
-chat template when one is needed. Nothing is ever downloaded, and nothing falls back to the tiny
+chat template when one is needed. A frozen judge (`gps_rules=False`) never goes through GPS: its
+engine loads its folder with its own loader (from a host-memory copy, `gps.node_import.host_copy`),
+so any architecture the installed transformers knows is accepted; its weight files must still be
+all there, and their size is what the copy will take. Nothing is ever downloaded, and nothing falls back to the tiny
 models: every failure is a `CheckpointError` naming the config key, the paths tried and the
 `hf download` command.
 
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pivotrl.gps.checkpoint import checkpoint_spec, read_config
+from pivotrl.gps.checkpoint import checkpoint_spec, read_config, safetensors_header, weight_files
 from pivotrl.gps.families import CheckpointMismatchError, UnsupportedArchitectureError
 from pivotrl.gps.layout import ModelSpec
 
@@ -33,16 +36,19 @@ class CheckpointError(ValueError):
 
 @dataclass(frozen=True)
 class ResolvedCheckpoint:
-    """A complete local checkpoint: where it is, its config.json, and its GPS spec (dtypes as stored)."""
+    """A complete local checkpoint: where it is, its config.json, and its GPS spec (dtypes as
+    stored; None for a judge that GPS never holds)."""
 
     path: Path
     config: dict[str, Any]
-    spec: ModelSpec
+    spec: ModelSpec | None
+    weight_bytes: int = 0
+    """Bytes of its weight files."""
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the weights as stored (what GPS will hold for one version)."""
-        return self.spec.nbytes
+        """Bytes of the weights as stored (what GPS, or a judge's host copy, holds of one version)."""
+        return self.spec.nbytes if self.spec is not None else self.weight_bytes
 
 
 def hf_cache_dir() -> Path:
@@ -84,9 +90,21 @@ def _has_chat_template(path: Path) -> bool:
     return tc.is_file() and bool(json.loads(tc.read_text()).get("chat_template"))
 
 
+def _judge_config(path: Path, cfg: dict[str, Any]) -> None:
+    """A judge's architecture must be one the installed transformers knows (its engine builds it)."""
+    from transformers import CONFIG_MAPPING
+
+    mtype = cfg.get("model_type")
+    if mtype not in CONFIG_MAPPING:
+        raise UnsupportedArchitectureError(f"{path}: model_type {mtype!r} (architectures {cfg.get('architectures')}) "
+                                           "is unknown to the installed transformers")
+
+
 def resolve_checkpoint(hf_path: str, where: str = "models.policy.hf_path", *, need_chat_template: bool = True,
-                       cache_dir: str | Path | None = None) -> ResolvedCheckpoint:
-    """The complete local checkpoint `hf_path` names (module docstring); CheckpointError otherwise."""
+                       cache_dir: str | Path | None = None, gps_rules: bool = True) -> ResolvedCheckpoint:
+    """The complete local checkpoint `hf_path` names (module docstring); CheckpointError otherwise.
+    `gps_rules`: the model goes through GPS (the policy), so its architecture needs GPS partition
+    rules; False for a frozen judge (module docstring)."""
     if not isinstance(hf_path, str) or not hf_path.strip():
         raise CheckpointError(f"{where} must name a checkpoint folder or Hugging Face Hub id, got {hf_path!r}")
     local = Path(hf_path).expanduser()
@@ -106,7 +124,14 @@ def resolve_checkpoint(hf_path: str, where: str = "models.policy.hf_path", *, ne
         path = snap
     try:
         cfg = read_config(path)
-        spec = checkpoint_spec(path, cfg)
+        files = weight_files(path)
+        for f in files:
+            safetensors_header(f)  # whole headers: a truncated download fails here, not in an engine
+        if gps_rules:
+            spec = checkpoint_spec(path, cfg)
+        else:
+            spec = None
+            _judge_config(path, cfg)
     except UnsupportedArchitectureError as e:
         raise CheckpointError(f"{where}={hf_path!r}: {e}") from None
     except (FileNotFoundError, CheckpointMismatchError) as e:
@@ -115,4 +140,4 @@ def resolve_checkpoint(hf_path: str, where: str = "models.policy.hf_path", *, ne
         raise CheckpointError(f"{where}={hf_path!r}: the tokenizer at {path} has no chat template (neither "
                               "chat_template.jinja nor tokenizer_config.json 'chat_template'); set the model's "
                               "chat_template field or use an instruct/chat checkpoint")
-    return ResolvedCheckpoint(path=path, config=cfg, spec=spec)
+    return ResolvedCheckpoint(path=path, config=cfg, spec=spec, weight_bytes=sum(f.stat().st_size for f in files))

@@ -14,6 +14,7 @@ rounding between two engines.
 
 Public API:
     FAMILY_NAMES: tuple of family names (keys of pivotrl.gps.families.FAMILIES used here)
+    JUDGE_FAMILIES: families only a frozen judge uses, without GPS rules (Qwen3.5-MoE)
     tiny_config(family, dtype="float32") -> transformers.PretrainedConfig
     family_config(family, dims: TinyModelConfig) -> transformers.PretrainedConfig
         the family's config at the bootstrap's model dimensions (for a bootstrap that builds a
@@ -63,12 +64,26 @@ TINY_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 FAMILY_NAMES = tuple(TINY_FAMILIES)
 
+#: Families that serve only as frozen judges: no GPS partition rules (the judge's engine loads its
+#: checkpoint folder itself, from a host-memory copy: `gps.node_import.host_copy`). Qwen3.5-MoE
+#: (the paper's 122B-A10B judge): gated-delta-net linear attention in 3 of every 4 layers, gated
+#: full attention in the 4th, routed experts plus a shared expert. The text-only model
+#: (`Qwen3_5MoeForCausalLM`); the real checkpoint adds a vision tower its judge role never uses.
+JUDGE_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", dict(
+        hidden_size=128, head_dim=32, num_attention_heads=8, num_key_value_heads=4, linear_conv_kernel_dim=4,
+        linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=4, linear_num_value_heads=8,
+        moe_intermediate_size=64, shared_expert_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
+        layer_types=["linear_attention", "full_attention"])),
+}
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _check(family: str) -> None:
-    if family not in TINY_FAMILIES:
-        raise ValueError(f"unknown tiny model family {family!r}; allowed: {', '.join(FAMILY_NAMES)}")
+def _check(family: str, judges: bool = False) -> None:
+    known = (*FAMILY_NAMES, *JUDGE_FAMILIES) if judges else FAMILY_NAMES
+    if family not in known:
+        raise ValueError(f"unknown tiny model family {family!r}; allowed: {', '.join(known)}")
 
 
 def family_tokenizer():
@@ -82,8 +97,8 @@ def tiny_config(family: str, dtype: str = "float32"):
     """The transformers config of the tiny `family` model, with the tokenizer's special ids."""
     import transformers
 
-    _check(family)
-    cls_name, fields = TINY_FAMILIES[family]
+    _check(family, judges=True)
+    cls_name, fields = TINY_FAMILIES.get(family) or JUDGE_FAMILIES[family]
     tok = build_tokenizer()
     ids = dict(bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     return getattr(transformers, cls_name)(**_COMMON, **fields, **ids, dtype=dtype)
@@ -117,7 +132,8 @@ def family_config(family: str, dims: Any, num_experts: int = 8, experts_per_toke
 
 def make_tiny_checkpoint(family: str, path: str | Path, dtype: str = "float32", seed: int = 0) -> Path:
     """Write a random-weight tiny `family` checkpoint (model, tokenizer, chat template, generation
-    config) to `path` atomically; return `path`."""
+    config) to `path` atomically; return `path`. `family`: one of `FAMILY_NAMES` or
+    `JUDGE_FAMILIES`."""
     from transformers import AutoModelForCausalLM
 
     if dtype not in _DTYPES:

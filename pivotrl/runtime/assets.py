@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from pivotrl.config import PivotConfig
+    from pivotrl.config.resolve import Resolved
     from pivotrl.gps.layout import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -84,12 +85,8 @@ def load_assets(cfg: PivotConfig, progress: bool = False) -> Assets:
                 other = "genrm" if role == "policy" else "policy"
                 raise ConfigError("hf_path", f"a checkpoint too: models.{other}.hf_path is set, and a "
                                   "tiny model is never mixed in silently", path, f"models.{role}")
-        from pivotrl.models.resolve import resolve_checkpoint  # a folder or the local HF cache, never downloads
-
-        ck = {role: resolve_checkpoint(user[role], f"models.{role}.hf_path",
-                                       need_chat_template=getattr(m, role).chat.chat_template is None)
-              for role in ("policy", "genrm")}
-        check_fit(cfg, ck["policy"].spec, ck["genrm"].spec)
+        ck = resolve_checkpoints(cfg)  # a folder or the local HF cache, never downloads
+        check_fit(cfg, ck["policy"], ck["genrm"])
         policy, genrm = ck["policy"].path, ck["genrm"].path
         train = _existing(d.train_path, "data.train_path", "a verl-format train parquet (real checkpoints "
                           "need real data)")
@@ -160,13 +157,23 @@ def preflight(cfg: PivotConfig) -> None:
     check_engine_installed(cfg)
     m = cfg.models
     if m.policy.hf_path and m.genrm.hf_path:
-        from pivotrl.models.resolve import resolve_checkpoint
-
-        ck = {role: resolve_checkpoint(getattr(m, role).hf_path, f"models.{role}.hf_path",
-                                       need_chat_template=getattr(m, role).chat.chat_template is None)
-              for role in ("policy", "genrm")}
-        check_fit(cfg, ck["policy"].spec, ck["genrm"].spec)
+        ck = resolve_checkpoints(cfg)
+        check_fit(cfg, ck["policy"], ck["genrm"])
         check_trainer_fits(cfg, ck["policy"].config, m.policy.name)
+        check_engines_fit(cfg, ck["policy"], ck["genrm"])
+
+
+def resolve_checkpoints(cfg: Any) -> dict[str, Any]:
+    """The user's two checkpoints, resolved (`models.resolve.resolve_checkpoint`): the policy with
+    GPS's partition rules (GPS holds it and the trainer writes it), the frozen GenRM without (its
+    engine loads it from a host copy, so any architecture its engine serves is a judge)."""
+    from pivotrl.models.resolve import resolve_checkpoint
+
+    m = cfg.models
+    return {role: resolve_checkpoint(getattr(m, role).hf_path, f"models.{role}.hf_path",
+                                     need_chat_template=getattr(m, role).chat.chat_template is None,
+                                     gps_rules=role == "policy")
+            for role in ("policy", "genrm")}
 
 
 def device_memory_bytes(cfg: PivotConfig) -> int | None:
@@ -206,23 +213,93 @@ def check_trainer_fits(cfg: PivotConfig, hf_config: dict, name: str) -> None:
     check_fits(ModelShape.from_hf_config(hf_config, name), devices=list(range(r.num_devices - home, r.num_devices)),
                device_memory_bytes=memory, micro_batch_tokens=int(tokens),
                response_tokens=int(d.max_response_length), param_dtype=a.param_dtype,
-               gradient_checkpointing=a.gradient_checkpointing, logprob_chunk_tokens=a.logprob_chunk_tokens)
+               gradient_checkpointing=a.gradient_checkpointing, logprob_chunk_tokens=a.logprob_chunk_tokens,
+               asleep_bytes=asleep_engine_bytes(cfg, r))
 
 
-def check_fit(cfg: PivotConfig, policy_spec: ModelSpec, genrm_spec: ModelSpec) -> None:
-    """Stop at start when a checkpoint cannot run as configured: a `tp` that does not split its
-    tensors (names the field and the degrees that work), or GPS memory too small for both models
-    (names both numbers)."""
+#: Modes whose training devices also host inference engines (asleep while training runs).
+_SHARED_TRAINING_DEVICES = ("colocated", "pivot")
+
+
+def asleep_engine_bytes(cfg: PivotConfig, r: Resolved) -> int:
+    """Device memory the asleep engines keep on a training device: `engine.<role>.vllm_asleep_gib`
+    of each inference role a training device may host (both roles where training shares its
+    devices: colocated and pivot; none in the static pools); the CPU engine holds no GPU memory."""
+    from pivotrl.engines.registry import resolve_engine_name
+
+    if r.mode not in _SHARED_TRAINING_DEVICES:
+        return 0
+    total = 0.0
+    for role in ("rollout", "reward"):
+        st = r.engine(cfg, role).settings
+        if resolve_engine_name(st.name) == "vllm":
+            total += float(st.vllm_asleep_gib)
+    return int(total * 2**30)
+
+
+def kv_bytes_per_token(hf_config: dict, dtype_bytes: int = 2) -> int:
+    """KV cache bytes one token takes in a model of `hf_config` (all its attention layers; layers
+    of linear attention, e.g. Qwen3.5's gated delta net, keep a fixed state instead: not counted)."""
+    c = hf_config.get("text_config") or hf_config
+    heads = int(c["num_attention_heads"])
+    kv = int(c.get("num_key_value_heads") or heads)
+    head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
+    types = c.get("layer_types")
+    layers = sum(1 for t in types if t == "full_attention") if types else int(c["num_hidden_layers"])
+    return 2 * layers * kv * head_dim * dtype_bytes
+
+
+def check_engines_fit(cfg: PivotConfig, policy: Any, genrm: Any) -> None:
+    """On GPUs: each role's engine must hold its share of the weights and the KV of its longest
+    request within `engine.<role>.vllm_gpu_memory_utilization` of a device (the trainer is fully
+    offloaded while the engines run, so the fraction is theirs), else stop at start naming the key,
+    the numbers and the fixes. Skipped where the run is not on GPUs or the device memory is unknown
+    (`check_trainer_fits` warns then)."""
+    from pivotrl.config.resolve import resolve
+
+    r = resolve(cfg)
+    memory = device_memory_bytes(cfg) if r.accelerator == "cuda" else None
+    if memory is None:
+        return
+    d, j = cfg.data, cfg.models.genrm.judge
+    longest = {"rollout": int(d.max_prompt_length) + int(d.max_response_length),
+               "reward": int(d.max_prompt_length) + int(d.max_response_length) + int(j.max_tokens)}
+    for role, ck, model in (("rollout", policy, "policy"), ("reward", genrm, "genrm")):
+        spec = r.engine(cfg, role)
+        st, tp = spec.settings, spec.tensor_parallel_size
+        if st.name == "cpu":
+            continue
+        dtype_bytes = 4 if st.dtype == "float32" else 2
+        weights = ck.nbytes / tp
+        kv = kv_bytes_per_token(ck.config, dtype_bytes) * longest[role] / tp
+        util = float(st.vllm_gpu_memory_utilization)
+        need = (weights + kv) / memory
+        if need > util:
+            raise ConfigError("vllm_gpu_memory_utilization", f">= {need:.3f}: a {role} replica holds {weights / 2**30:.1f} "
+                              f"GiB of weights per device (models.{model}.tp={tp}) and {kv / 2**30:.2f} GiB of KV for "
+                              f"one {longest[role]}-token request, of {memory / 2**30:.1f} GiB; or raise "
+                              f"models.{model}.tp", util, cfg.engine.key_of(role, "vllm_gpu_memory_utilization"))
+
+
+def check_fit(cfg: Any, policy: Any, genrm: Any) -> None:
+    """Stop at start when the checkpoints (`ResolvedCheckpoint`s) cannot run as configured: a `tp`
+    that does not split the policy's tensors or the judge's heads (names the field and the degrees
+    that work), or host memory too small for GPS's policy versions beside the judge's host copy
+    on every node (names both numbers)."""
     from pivotrl.config.resolve import resolve
     from pivotrl.gps.layout import check_tp
     from pivotrl.gps.placement import budget_bytes, check_budget
 
     r, gps = resolve(cfg), cfg.cluster.gps
-    check_tp(policy_spec, r.tp["rollout"], "models.policy.tp")
-    check_tp(genrm_spec, r.tp["reward"], "models.genrm.tp")
+    check_tp(policy.spec, r.tp["rollout"], "models.policy.tp")
+    heads = genrm.config.get("num_attention_heads") or (genrm.config.get("text_config") or {}).get("num_attention_heads")
+    if heads and int(heads) % r.tp["reward"]:
+        ok = [d for d in (1, 2, 4, 8, 16) if int(heads) % d == 0]
+        raise ConfigError("tp", f"a divisor of the GenRM's {heads} attention heads ({ok})", r.tp["reward"], "models.genrm")
     nodes = max(1, -(-r.num_devices // r.node_size))
-    check_budget(budget_bytes(gps), [("policy", policy_spec, False), ("genrm", genrm_spec, True)], nodes,
-                 gps.write_headroom_versions, gps.alignment_bytes, where="cluster.gps.node_memory_budget_bytes")
+    check_budget(budget_bytes(gps), [("policy", policy.spec, False)], nodes, gps.write_headroom_versions,
+                 gps.alignment_bytes, where="cluster.gps.node_memory_budget_bytes",
+                 beside=[("genrm", genrm.nbytes)])
 
 
 def load_val_examples(path: Path, limit: int) -> list:

@@ -392,7 +392,7 @@ class Executor:
                 if s.role in INFERENCE_ROLES:  # the capacity the engine reports (vLLM: blocks x block size)
                     t = up_t.get(s.first_device)
                     reported = t.detail.get("kv_capacity_tokens") if isinstance(t, ShiftTiming) else None
-                    res.kv_capacity[s.slot_id] = int(reported or self.specs(s, 0).engine.kv_capacity_tokens)
+                    res.kv_capacity[s.slot_id] = int(reported or self.specs(s, 0).engine.settings.kv_capacity_tokens)
             res.seconds = (t1 - t0, t2 - t1)
             for d, t in list(timings.items()) + list(up_t.items()):
                 if isinstance(t, ShiftTiming):

@@ -72,7 +72,8 @@ class Launch:
                                  float(self.cfg.cluster.limits.call_s))
         self.params = ParamSource.create(self.cfg.cluster.gps, self._ray_nodes)
         self.params.register_hf("policy", str(self.policy_path), frozen=False)
-        self.params.register_hf("genrm", str(self.genrm_path), frozen=True)
+        # the frozen judge stays out of GPS: a host copy on every node, loaded by its engine's own loader
+        self.genrm_path = Path(self.params.keep_frozen("genrm", str(self.genrm_path)))
         if bool(self.cfg.train.resume):
             self._find_checkpoint()
         cl = self.cfg.cluster

@@ -6,8 +6,11 @@ and each node's buffers in that node's `NodeStore`, on the Ray node of that node
 - the trainer's ranks write their own shards into it (`DeviceWorker.publish`, no gather);
 - every device reads its own node's copy itself (`weights(model)` names what to read: a
   `weight_sync.GPSWeights`, the store's handle plus the versions), never through the driver.
-The driver writes only at start: the two Hugging Face folders (version 0) and, on a resume, the
-checkpoint's policy. Policy versions and GPS versions differ after a resume (GPS restarts at 0,
+At start the policy's folder becomes GPS version 0 (each node imports it from the folder it sees,
+`GlobalParameterStore.import_folder`), and on a resume the checkpoint's policy is written. The
+frozen GenRM never enters GPS (`keep_frozen`): every node keeps a host-memory copy of its folder
+and its engine loads that with its own loader (vLLM's, or transformers' on the CPU engine), so any
+architecture the engine serves is a judge, with no GPS partition rules (Qwen3.5). Policy versions and GPS versions differ after a resume (GPS restarts at 0,
 the policy continues from its checkpoint's version): `offset` converts.
 """
 from __future__ import annotations
@@ -28,6 +31,8 @@ class ParamSource:
 
     def __init__(self, store: GlobalParameterStore) -> None:
         self.store = store
+        self.host_copies: dict[str, str] = {}
+        """model -> the folder of its host copy (frozen models kept beside GPS, `keep_frozen`)."""
         self.offset: dict[str, int] = {}
         """policy version = GPS version + offset (non-zero only after a resume)."""
 
@@ -49,6 +54,13 @@ class ParamSource:
 
         return int(import_hf(self.store, model, path, frozen=frozen))
 
+    def keep_frozen(self, model: str, path: str) -> str:
+        """Keep frozen `model` beside GPS as a copy of its folder in every node's shared memory
+        (`GlobalParameterStore.host_copy`, reserved from the GPS budget); returns the copy's
+        folder (the same path on every node), which its engines load from."""
+        self.host_copies[model] = self.store.host_copy(model, str(path))
+        return self.host_copies[model]
+
     def restore(self, model: str, state_dict: Mapping[str, Any], version: int) -> None:
         """Publish a checkpoint's weights as policy `version` (resume). The trainer's names and
         dtypes become the store's (`gps.state_dict.to_store`)."""
@@ -65,11 +77,14 @@ class ParamSource:
         """The policy version of `model`'s current GPS version."""
         return self.policy_version(model, int(self.store.current_version(model)))
 
-    def weights(self, model: str) -> tuple[GPSWeights, int]:
+    def weights(self, model: str) -> tuple[GPSWeights | None, int]:
         """(what a device reads for `model` now, the policy version it holds): a
-        `weight_sync.GPSWeights` at GPS's current version, read by the device itself."""
+        `weight_sync.GPSWeights` at GPS's current version, read by the device itself; (None, 0) for
+        a model kept as a host copy (the engine's own folder is its weights)."""
         from pivotrl.engines.weight_sync import GPSWeights
 
+        if model in self.host_copies:
+            return None, 0
         gv = int(self.store.current_version(model))
         v = self.policy_version(model, gv)
         return GPSWeights(self.store, model, gv, v), v

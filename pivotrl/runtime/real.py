@@ -42,8 +42,8 @@ def control_env(cfg: PivotConfig, r: Resolved, source: PromptSource) -> ControlE
         tau_shift={x: float(cfg.cluster.tau_shift_prior_s) for x in (*INFERENCE_ROLES, Role.TRAIN)},
         prompts=source, prompts_per_step=r.prompts_per_step, group_size=r.group_size, steps=r.steps,
         staleness=r.staleness, allocation={Role(k): v for k, v in r.allocation.items()}, planner=r.planner,
-        kv_reserve=0, kv_capacity={x: int(cfg.engine.kv_capacity_tokens) for x in INFERENCE_ROLES},
-        max_num_seqs={x: int(cfg.engine.max_num_seqs) for x in INFERENCE_ROLES})
+        kv_reserve=0, kv_capacity={x: int(r.engine(cfg, x.value).settings.kv_capacity_tokens) for x in INFERENCE_ROLES},
+        max_num_seqs={x: int(r.engine(cfg, x.value).settings.max_num_seqs) for x in INFERENCE_ROLES})
 
 
 def check_kv_capacity(cfg: PivotConfig, judge_room: int) -> None:
@@ -55,9 +55,7 @@ def check_kv_capacity(cfg: PivotConfig, judge_room: int) -> None:
     cache from device memory and reports it."""
     from pivotrl.config.base import ConfigError
 
-    if cfg.engine.name != "cpu":
-        return
-    d, j, cap = cfg.data, cfg.models.genrm.judge, int(cfg.engine.kv_capacity_tokens)
+    d, j = cfg.data, cfg.models.genrm.judge
     policy = int(d.max_prompt_length) + int(d.max_response_length)
     judge = policy + int(judge_room) + int(j.max_tokens)
     need = {"rollout": (policy, f"data.max_prompt_length={d.max_prompt_length} + data.max_response_length="
@@ -66,9 +64,13 @@ def check_kv_capacity(cfg: PivotConfig, judge_room: int) -> None:
                               f"{judge_room} tokens of the judge template {j.template!r}, measured with the "
                               f"GenRM's tokenizer) + models.genrm.judge.max_tokens={j.max_tokens} = {judge} tokens")}
     for role, (n, why) in need.items():
-        if cap < n:
-            raise ConfigError("kv_capacity_tokens", f">= {max(policy, judge)}: one {role} request needs {why}, "
-                              f"more than the {cap} tokens of KV one replica holds", cap, "engine")
+        settings = cfg.engine.for_role(role)
+        cap, key = int(settings.kv_capacity_tokens), cfg.engine.key_of(role, "kv_capacity_tokens")
+        if settings.name == "cpu" and cap < n:
+            # a value both roles take from one key must hold the larger of their requests
+            most = max(m for r, (m, _) in need.items() if cfg.engine.key_of(r, "kv_capacity_tokens") == key)
+            raise ConfigError("kv_capacity_tokens", f">= {most}: one {role} request needs {why}, "
+                              f"more than the {cap} tokens of KV one replica holds", cap, key)
 
 
 def check_tensor_parallel(cfg: PivotConfig) -> None:
@@ -77,13 +79,14 @@ def check_tensor_parallel(cfg: PivotConfig) -> None:
     from pivotrl.config.base import ConfigError
     from pivotrl.engines.registry import resolve_engine_name
 
-    engine = resolve_engine_name(cfg.engine.name)
-    for role in ("policy", "genrm"):
-        tp = int(getattr(cfg.models, role).tp)
+    for role, model in (("rollout", "policy"), ("reward", "genrm")):
+        name = cfg.engine.for_role(role).name
+        engine = resolve_engine_name(name)
+        tp = int(getattr(cfg.models, model).tp)
         if tp > 1 and engine != "vllm":
-            raise ConfigError("tp", f"1 with engine.name={cfg.engine.name!r} (its engine, {engine!r}, runs one "
+            raise ConfigError("tp", f"1 with engine.name={name!r} for {role} (its engine, {engine!r}, runs one "
                               f"device per replica); a replica of several devices needs engine=vllm", tp,
-                              f"models.{role}")
+                              f"models.{model}")
 
 
 def _record_validation(tracker: Tracker | None, which: str, now: float, seconds: float, acc: dict[str, float]) -> None:

@@ -19,7 +19,10 @@ halves of a shift on one device, each timed:
 - `shift_up` reads parameters at the version the executor names (`weight_sync.GPSWeights`: the
   device reads GPS itself, its own node's copy, so the weights never pass through the driver; a
   plain state dict also works) and reloads what was offloaded. The first shift up of a role on a
-  device builds its preserved context (cold start, also timed).
+  device builds its preserved context (cold start, also timed); a cold engine with weights to load
+  never reads its folder's (vLLM `load_format="dummy"`, the CPU engine from config.json), so the
+  policy's weights move once, from GPS. The frozen GenRM gets none: its engine loads its folder, a
+  host-memory copy of its checkpoint (`ParamSource.keep_frozen`), with its own loader.
 - Sleep levels (vLLM's): the policy's rollout engine sleeps at level 2 (weights discarded; the
   next shift up takes the new version from GPS), the frozen GenRM at level 1 (weights kept in host
   memory and put back in place: its shift up reads nothing from GPS, as `needs_parameters()`
@@ -195,11 +198,13 @@ class RoleHost(ABC):
         role's background work first (a trainer's checkpoint write); False when a peer died."""
 
 
-def build_engine(spec: RoleSpec) -> InferenceEngine:
-    """Construct the inference engine of `spec` through the engine registry (`engine.name` picks it)."""
+def build_engine(spec: RoleSpec, read_weights: bool = True) -> InferenceEngine:
+    """Construct the inference engine of `spec` through the engine registry (`engine.name` picks
+    it); `read_weights` False: without reading the folder's weights (others are loaded next)."""
     from pivotrl.engines.registry import create_engine
 
-    return create_engine(spec.model_path, spec.engine.settings, tensor_parallel_size=spec.engine.tensor_parallel_size)
+    return create_engine(spec.model_path, spec.engine.settings, tensor_parallel_size=spec.engine.tensor_parallel_size,
+                         read_weights=read_weights)
 
 
 class InferenceHost(RoleHost):
@@ -240,12 +245,13 @@ class InferenceHost(RoleHost):
         cold = self.engine is None
         detail: dict[str, float] = {}
         try:
-            if cold:
-                self.engine = build_engine(self.spec)
+            if cold:  # weights to load next: the folder's are never read (a policy takes GPS's)
+                self.engine = build_engine(self.spec, read_weights=weights is None)
+                detail["read_folder"] = float(weights is None)
                 if weights is not None:
                     with opened(weights, version) as (w, v, facts):
                         self.engine.load_weights(w, v)
-                    detail = _load_detail(facts)
+                    detail.update(_load_detail(facts))
             elif self._weights_kept:  # frozen weights were kept in host memory: nothing to read
                 detail = dict(self.engine.reacquire_memory(None) or {})
                 detail["weights_kept"] = 1.0

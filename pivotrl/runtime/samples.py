@@ -86,6 +86,11 @@ class Samples:
         """The judge's parse-failure rate per step (`rl.genrm.ParseFailureWatch`)."""
         self.judge_room = judge_template_tokens(genrm_tok, self.judge, cfg.models.genrm.chat)
         """Tokens of the judge template around a question and a response (`judge_template_tokens`)."""
+        from pivotrl.config.resolve import resolve
+
+        self.request_seeds = bool(resolve(cfg).engine(cfg, "rollout").settings.request_seeds)
+        """Whether each rollout request carries its own seed (`engine.request_seeds`: on on CPU,
+        off on GPUs, where vLLM samples seeded requests one by one)."""
 
     def encode(self, messages: list[dict[str, str]]) -> list[int]:
         """The policy's prompt ids (`models.policy.chat`), at most `data.max_prompt_length`."""
@@ -109,8 +114,9 @@ class Samples:
 
         done = generated.for_engine()
         if role == Role.ROLLOUT:
+            seed = (int(self.cfg.seed) * 1_000_003 + sid) % (2**31) if self.request_seeds else None
             params = SamplingParams(temperature=self.cfg.algo.rollout_temperature, max_tokens=self.max_response,
-                                    seed=(int(self.cfg.seed) * 1_000_003 + sid) % (2**31))
+                                    seed=seed)
             return GenerationRequest(sid, self.prompt_ids[self.example_of(sid)], params, generated=list(done),
                                      generated_logprobs=done.logprobs)
         if judge_ids is None:

@@ -157,11 +157,13 @@ class ModelDoesNotFitError(ValueError):
 
 def check_fits(shape: ModelShape, *, devices: Sequence[int], device_memory_bytes: int, micro_batch_tokens: int,
                response_tokens: int | None = None, param_dtype: str = "bfloat16", gradient_checkpointing: bool = True,
-               logprob_chunk_tokens: int = 1024, reserve_fraction: float = 0.1) -> MemoryEstimate:
+               logprob_chunk_tokens: int = 1024, reserve_fraction: float = 0.1,
+               asleep_bytes: int = 0) -> MemoryEstimate:
     """Raise `ModelDoesNotFitError` naming the model, the devices and the memory if one training
     rank on `devices` (the home set: FSDP world size = len(devices)) needs more than
-    `(1 - reserve_fraction) * device_memory_bytes`; else return the estimate. Assumes the
-    inference engines on those devices are asleep while training runs (their memory released)."""
+    `(1 - reserve_fraction) * device_memory_bytes - asleep_bytes`; else return the estimate. The
+    inference engines on those devices are asleep while training runs: their weights and KV cache
+    are released, and `asleep_bytes` is what they still hold there (context, CUDA graphs)."""
     if not devices:
         raise ModelDoesNotFitError(f"model {shape.name!r} has no home devices to train on")
     if not 0 <= reserve_fraction < 1:
@@ -170,14 +172,15 @@ def check_fits(shape: ModelShape, *, devices: Sequence[int], device_memory_bytes
                                 response_tokens=micro_batch_tokens if response_tokens is None else response_tokens,
                                 param_dtype=param_dtype, gradient_checkpointing=gradient_checkpointing,
                                 logprob_chunk_tokens=logprob_chunk_tokens)
-    usable = int((1 - reserve_fraction) * device_memory_bytes)
+    usable = int((1 - reserve_fraction) * device_memory_bytes) - int(asleep_bytes)
     if est.peak_bytes > usable:
         top = sorted(est.parts.items(), key=lambda kv: -kv[1])[:3]
         raise ModelDoesNotFitError(
             f"model {shape.name!r} ({shape.params / 1e9:.2f}B parameters) does not fit its home devices "
             f"{list(devices)}: one training rank needs {est.peak_bytes / GiB:.1f} GiB at its peak ({est.phase}; "
             f"largest parts: {', '.join(f'{k} {v / GiB:.1f} GiB' for k, v in top)}) but each device has "
-            f"{device_memory_bytes / GiB:.1f} GiB ({usable / GiB:.1f} GiB usable after a {reserve_fraction:.0%} reserve) "
+            f"{device_memory_bytes / GiB:.1f} GiB ({usable / GiB:.1f} GiB usable after a {reserve_fraction:.0%} reserve"
+            f"{f' and {asleep_bytes / GiB:.1f} GiB its asleep engines keep' if asleep_bytes else ''}) "
             f"at micro_batch_tokens={micro_batch_tokens}, param_dtype={param_dtype}, "
             f"gradient_checkpointing={gradient_checkpointing}. Use more home devices, fewer tokens per micro-batch "
             "(algo.micro_batch_tokens) or gradient checkpointing.")

@@ -6,8 +6,12 @@ Owns `build_sharded_model`: the skeleton, gradient checkpointing, the chunked-lo
 - `init_on_meta=True` (torchtitan's and verl's FSDP2 way): every rank builds the skeleton on the
   `meta` device (no memory), shards it, allocates only its own shards (`to_empty`), and rank 0
   alone reads the safetensors files and broadcasts them into every rank's shards
-  (`set_model_state_dict(..., full_state_dict=True, broadcast_from_rank0=True)`). Host memory:
-  one copy of the file on rank 0 instead of a float32 model per rank; device memory: the shard.
+  (`set_model_state_dict(..., full_state_dict=True, broadcast_from_rank0=True)`). Rank 0 hands
+  over the files' tensors as views of a file mapping, in the dtype the checkpoint stores (bf16
+  stays bf16): torch broadcasts one tensor at a time in that dtype and each rank casts its own
+  rows into its float32 shard (`_distribute_tensors`' `copy_`). So no rank ever holds the model
+  whole, let alone in float32: rank 0's extra host memory is the page cache of the file (shared,
+  reclaimable) plus one tensor in flight; device memory: the shard.
   Non-persistent buffers (rotary `inv_freq`) are not in the files, so rotary modules are rebuilt
   from the config on the device; any other non-persistent buffer is an error naming it.
 - `init_on_meta=False` (the original path): every rank loads the whole model in float32 on its
@@ -30,22 +34,18 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from pivotrl.trainer.logprobs import install_hidden_head
 
-__all__ = ["build_sharded_model", "read_full_state_dict"]
+__all__ = ["build_sharded_model", "read_mapped_state_dict"]
 
 
-def read_full_state_dict(model_path: Path, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's `*.safetensors` files, on CPU, cast to `dtype` file by file."""
-    from safetensors.torch import load_file
+def read_mapped_state_dict(model_path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's weight files (those its index lists, else `*.safetensors`) as a
+    view of a file mapping, in the dtype the file stores: nothing is read until a tensor is used."""
+    from pivotrl.gps.node_import import read_safetensors_dir
 
-    files = sorted(model_path.glob("*.safetensors"))
-    if not files:
+    if not any(Path(model_path).glob("*.safetensors")):
         raise ValueError(f"model folder {str(model_path)!r} has no *.safetensors files "
                          "(meta-device init reads safetensors; set algo.init_on_meta=false)")
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        for k, v in load_file(str(f)).items():
-            out[k] = v.to(dtype)
-    return out
+    return read_safetensors_dir(model_path)
 
 
 def _rebuild_rotary(model: torch.nn.Module, device: torch.device) -> None:
@@ -97,7 +97,7 @@ def build_sharded_model(auto_cls: Any, model_path: Path, device: torch.device, *
     if init_on_meta:
         model.to_empty(device=device)
         _rebuild_rotary(model, device)
-        full = read_full_state_dict(model_path) if dist.get_rank() == 0 else {}
+        full = read_mapped_state_dict(model_path) if dist.get_rank() == 0 else {}
         # Tied heads are not in the files (they are the embedding); every other name must be.
         if dist.get_rank() == 0:
             want = set(model.state_dict())

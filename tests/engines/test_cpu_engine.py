@@ -465,3 +465,29 @@ def test_shift_down_frees_cache_and_model_without_a_collection(engine, prompts):
         assert cache() is None and model() is None
     finally:
         gc.enable()
+
+
+def test_a_recurrent_hybrid_judge_runs_row_by_row_and_matches_transformers(tmp_path, tiny_dir, prompts):
+    """A tiny Qwen3.5-MoE (gated-delta-net layers beside attention: a cache with no time axis)
+    runs on per-row caches: greedy equals transformers' generate, also when sequences join
+    mid-flight and after an abort and resume; a Qwen2 model keeps the shared padded cache."""
+    from pivotrl.engines.cpu_batch import KVBatch, RowCacheBatch
+    from pivotrl.models.tiny_families import make_tiny_checkpoint
+
+    path = make_tiny_checkpoint("qwen3_5_moe", tmp_path / "q35", seed=4)
+    eng = CPUEngine(path, EngineConfig(name="cpu", num_threads=1))
+    assert type(eng._batch) is RowCacheBatch
+    sp = SamplingParams(temperature=0, max_tokens=8)
+    want = [hf_greedy(path, p, 8) for p in prompts[:3]]
+    assert len({tuple(w) for w in want}) > 1
+    eng.submit(GenerationRequest(0, prompts[0], sp))
+    done = {c.seq_id: c for c in eng.step()}
+    for i in (1, 2):  # joins while row 0 is decoding
+        eng.submit(GenerationRequest(i, prompts[i], sp))
+    done.update({c.seq_id: c for c in eng.step()})
+    got = eng.abort([1])[1]  # abort one, resume it with its tokens so far
+    eng.submit(GenerationRequest(1, prompts[1], sp, generated=list(got), resumed=True))
+    while eng.has_unfinished():
+        done.update({c.seq_id: c for c in eng.step()})
+    assert [done[i].token_ids for i in range(3)] == want
+    assert type(CPUEngine(tiny_dir, EngineConfig(name="cpu"))._batch) is KVBatch

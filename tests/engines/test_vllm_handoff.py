@@ -169,3 +169,30 @@ def test_bad_sleep_level_is_rejected(make_engine):
         EngineSpec(EngineConfig(), sleep_level=0)
     with pytest.raises(ValueError, match="role must be one of"):
         EngineSpec.for_role(EngineConfig(), "train")
+
+
+def test_engine_args_take_the_specs_platform_choices_and_skip_the_folder_for_gps_weights(tiny_dir):
+    """What vLLM is asked for: a runtime spec's choices as made (CUDA graphs and expert
+    parallelism for a GPU judge of 2 devices); bare settings get this platform's (the CPU build:
+    eager, no EP); a cold engine that takes GPS weights next starts with `load_format="dummy"`; and
+    CUDA graphs' memory is counted inside `gpu_memory_utilization`."""
+    from pivotrl.engines.vllm_engine import VLLMEngine
+
+    llm = RecordingLLM()
+    judge = EngineSpec.for_role(EngineConfig(name="vllm"), "reward", 2, accelerator="cuda")
+    eng = VLLMEngine(tiny_dir, judge.settings, client_factory=lambda e: llm, sleep_mode=True, tensor_parallel_size=2,
+                     read_weights=False)
+    try:
+        a = eng.engine_args()
+        assert (a.enforce_eager, a.enable_expert_parallel, a.tensor_parallel_size) == (False, True, 2)
+        assert a.load_format == "dummy" and a.gpu_memory_utilization == 0.85
+        assert os.environ["VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"] == "1"
+    finally:
+        eng.shutdown()
+    eng = VLLMEngine(tiny_dir, EngineConfig(name="vllm"), client_factory=lambda e: RecordingLLM(), sleep_mode=True,
+                     tensor_parallel_size=2)
+    try:
+        a = eng.engine_args()
+        assert (a.enforce_eager, a.enable_expert_parallel, a.load_format) == (True, False, "auto")
+    finally:
+        eng.shutdown()

@@ -163,8 +163,8 @@ def test_two_ranks_publish_their_own_rows_into_a_shared_gps(folder, ray_store, t
         assert torch.equal(got[k], res["full"][k]), k
 
 
-def test_manifest_tensors_are_views_of_the_file_and_buckets_respect_the_size(tmp_path):
-    from pivotrl.engines.weight_sync import _buckets, iter_manifest_tensors
+def test_manifest_tensors_are_views_of_the_file(tmp_path):
+    from pivotrl.engines.weight_sync import iter_manifest_tensors
 
     a = torch.arange(12, dtype=torch.float32).view(3, 4)
     b = torch.arange(6, dtype=torch.bfloat16)
@@ -173,10 +173,9 @@ def test_manifest_tensors_are_views_of_the_file_and_buckets_respect_the_size(tmp
     path.write_bytes(raw)
     wire = {"path": str(path), "nbytes": len(raw), "version": 1,
             "entries": [["a", 0, [3, 4], "float32"], ["b", 64, [6], "bfloat16"]]}
-    got = dict(iter_manifest_tensors(wire, 0))
+    got = dict(iter_manifest_tensors(wire))
     assert torch.equal(got["a"], a) and torch.equal(got["b"], b) and got["b"].dtype == torch.bfloat16
-    assert [[e[0] for e in bk] for bk in _buckets(wire["entries"], 50)] == [["a"], ["b"]]
-    assert [[e[0] for e in bk] for bk in _buckets(wire["entries"], 100)] == [["a", "b"]]
+    assert got["a"].untyped_storage().data_ptr() == got["b"].untyped_storage().data_ptr()  # one mapping
 
 
 class _Shard0:
@@ -216,3 +215,39 @@ def test_fused_moe_experts_are_written_as_whole_per_expert_tensors_by_the_rank_h
     for sname, parts in written.items():
         assert len(parts) == 1 and parts[0][0] == 0 and torch.equal(parts[0][1], want[sname]), sname
     assert rows_in_store("lm_head.weight", torch.zeros(2, 4), spec, 1, 0) == []  # not stored: skipped
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_cold_vllm_engine_of_two_ranks_skips_its_folder_and_takes_its_shards_from_gps(ray_store, tmp_path):
+    """A policy engine of TP=2 on vLLM's CPU build, started with `load_format="dummy"` (its
+    folder's weights never read), loads another checkpoint from its node's GPS file, each rank
+    narrowing views of the file to its own shard: greedy then equals transformers on that
+    checkpoint. (The CUDA build runs the same worker code: `weight_sync` module docstring.)"""
+    from pivotrl.engines.vllm_engine import VLLMEngine, vllm_available
+    from pivotrl.gps.hf_io import import_hf
+    from pivotrl.models.tiny_families import make_tiny_checkpoint
+    from tests.engines.conftest import hf_greedy
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed")
+    a = make_tiny_checkpoint("qwen2", tmp_path / "a", seed=1)
+    b = make_tiny_checkpoint("qwen2", tmp_path / "b", seed=2)
+    import_hf(ray_store, "tp2", b)
+    eng = VLLMEngine(a, EngineConfig(name="vllm", max_num_seqs=8, num_threads=1, vllm_kv_cache_gib=1),
+                     tensor_parallel_size=2, read_weights=False)
+    try:
+        assert eng.tensor_parallel_size == 2 and eng.engine_args().load_format == "dummy"
+        ev = load_from_gps(eng, ray_store, "tp2", node=0, engine_version=5)
+        assert ev["path"] == "file"
+        prompts = [eng.tokenizer.encode(t) for t in ("7+8=", "hello there", "Tom has 3 apples")]
+        from pivotrl.engines.protocol import GenerationRequest, SamplingParams
+
+        out = eng.generate([GenerationRequest(i, p, SamplingParams(temperature=0, max_tokens=12))
+                            for i, p in enumerate(prompts)])
+        assert all(c.version == 5 for c in out)
+        for c, p in zip(out, prompts):
+            assert c.token_ids == hf_greedy(b, p, 12), c.seq_id
+    finally:
+        eng.shutdown()
+        ray_store.unregister("tp2")

@@ -64,3 +64,29 @@ def test_node_memory_and_derived_default():
 def test_bad_budget_settings(kw, match):
     with pytest.raises(ValueError, match=match):
         GPSConfig(**kw)
+
+
+def test_each_node_has_its_own_budget_and_the_fullest_decides():
+    """Budgets measured per node: a model is replicated only if the node with the least room
+    holds a copy; memory kept beside GPS (a judge's host copy) comes off every node first."""
+    from pivotrl.gps.versions import VersionTable
+
+    spec = ModelSpec.from_config(QWEN25_7B)
+    full = node_bytes_of(spec, 1)
+    roomy = VersionTable(2, [3 * full, 3 * full], headroom_versions=1, alignment=64)
+    assert roomy.add_model("policy", spec, frozen=False)[0].k == 1
+    tight = VersionTable(2, [3 * full, full], headroom_versions=1, alignment=64)  # node 1: half of 2 versions
+    assert tight.add_model("policy", spec, frozen=False)[0].k == 2
+    t = VersionTable(2, [3 * full, 3 * full], headroom_versions=1, alignment=64)
+    t.reserve("host copy of genrm", 2 * full)
+    assert t.free_bytes() == full and t.add_model("policy", spec, frozen=False)[0].k == 2
+    with pytest.raises(BudgetError, match=r"host copy of x needs 7 bytes .* only \d+ bytes"):
+        VersionTable(1, [6], 1, 64).reserve("host copy of x", 7)
+    with pytest.raises(ValueError, match="3 node budgets for 2 nodes"):
+        VersionTable(2, [1, 2, 3], 1, 64)
+
+
+def node_bytes_of(spec, k):
+    from pivotrl.gps.placement import node_bytes
+
+    return node_bytes(spec, k, 64)

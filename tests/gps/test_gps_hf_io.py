@@ -93,3 +93,28 @@ def test_moe_round_trip_with_expert_parallel_read(make_store, tmp_path):
     ids = torch.arange(12).unsqueeze(0)
     with torch.no_grad():
         assert torch.equal(back(ids).logits, model(ids).logits)
+
+
+def test_a_node_whose_folder_differs_fails_the_import_and_nothing_stays(make_store, tmp_path):
+    """`import_folder`: every node fills its buffer from the folder it sees; a tensor that folder
+    lacks (or of another shape) fails the import naming the folder and the tensor, and the model
+    is not left registered (a second import of the right folder then works)."""
+    from safetensors.torch import load_file, save_file
+
+    from pivotrl.gps.checkpoint import checkpoint_spec
+    from pivotrl.models.tiny_families import make_tiny_checkpoint
+
+    good = make_tiny_checkpoint("qwen3", tmp_path / "good", dtype="bfloat16")
+    spec = checkpoint_spec(good)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    sd = load_file(good / "model.safetensors")
+    sd.pop("model.norm.weight")
+    save_file(sd, bad / "model.safetensors")
+    store = make_store(2)
+    with pytest.raises(ValueError, match=rf"{bad}: tensor model.norm.weight is missing here"):
+        store.import_folder("m", str(bad), spec)
+    assert store.models() == [] and store.resident_bytes() == 0
+    assert store.import_folder("m", str(good), spec) == 0
+    with store.read("m", [Device(1, 0)], Layout()) as res:
+        assert torch.equal(res.shards[Device(1, 0)]["model.norm.weight"], load_file(good / "model.safetensors")["model.norm.weight"])

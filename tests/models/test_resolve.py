@@ -122,3 +122,42 @@ def test_a_damaged_weight_file_names_itself_and_the_key(tmp_path, damage, what):
         resolve_checkpoint(str(path), "models.genrm.hf_path")
     msg = str(e.value)
     assert f"models.genrm.hf_path='{path}'" in msg and f"{f}: " in msg and what in msg, msg
+
+
+def test_a_qwen35_judge_resolves_without_gps_rules_and_the_72b_group_needs_only_its_files(tmp_path, monkeypatch):
+    """The paper's 72b group: its Qwen3.5 judge resolves as a judge (no GPS rules: its engine
+    loads it from a host copy), not as a policy; without the policy's files the run stops naming
+    the policy's checkpoint and the download command, as every other group does."""
+    from pivotrl.config import compose_config
+    from pivotrl.runtime.assets import resolve_checkpoints
+
+    judge_id = OmegaConf.load(CONF / "qwen72b_qwen122b.yaml").genrm.hf_path
+    cache, snap = _cache_with(tmp_path, judge_id, "qwen3_5_moe")
+    cfg = json.loads((snap / "config.json").read_text())  # the real checkpoint's architecture
+    (snap / "config.json").write_text(json.dumps({**cfg, "architectures": ["Qwen3_5MoeForConditionalGeneration"]}))
+    r = resolve_checkpoint(judge_id, "models.genrm.hf_path", cache_dir=cache, gps_rules=False)
+    assert r.path == snap and r.spec is None and r.nbytes == (snap / "model.safetensors").stat().st_size
+    with pytest.raises(CheckpointError, match="Qwen3_5MoeForConditionalGeneration' is not supported yet: .*policy"):
+        resolve_checkpoint(judge_id, "models.policy.hf_path", cache_dir=cache)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    run_cfg = compose_config(["cluster=ray", "deploy=pivot", "models=qwen72b_qwen122b"])
+    policy = run_cfg.models.policy.hf_path
+    with pytest.raises(CheckpointError, match=rf"models.policy.hf_path='{policy}'.*hf download {policy}"):
+        resolve_checkpoints(run_cfg)
+    policy_cache, _ = _cache_with(tmp_path / "p", policy, "qwen2")
+    for f in policy_cache.iterdir():  # both checkpoints in one cache: the group resolves
+        f.rename(cache / f.name)
+    ck = resolve_checkpoints(run_cfg)
+    assert ck["genrm"].spec is None and ck["policy"].spec.family == "qwen2"
+
+
+def test_a_judge_still_needs_all_its_files_and_an_architecture_transformers_knows(tmp_path):
+    path = make_tiny_checkpoint("qwen3_5_moe", tmp_path / "j", dtype="bfloat16")
+    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-2.safetensors"}}))
+    with pytest.raises(CheckpointError, match=r"models.genrm.hf_path=.*missing or partial: .*model-2.safetensors"):
+        resolve_checkpoint(str(path), "models.genrm.hf_path", gps_rules=False)
+    (path / "model.safetensors.index.json").unlink()
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "model_type": "no_such_model"}))
+    with pytest.raises(CheckpointError, match=r"model_type 'no_such_model' .* unknown to the installed transformers"):
+        resolve_checkpoint(str(path), "models.genrm.hf_path", gps_rules=False)

@@ -209,3 +209,50 @@ def test_a_checkpoint_the_cpu_engine_cannot_load_is_refused_before_ray(tiny_asse
     with pytest.raises(ConfigError, match=r"engine.name='cpu' is invalid; allowed: an engine that can load models.genrm's "
                                           r"checkpoint .*experts.0.gate_proj.*engine=vllm serves"):
         check_engine_serves(cfg, a)
+
+
+def test_asleep_engines_keep_their_share_of_a_shared_training_device():
+    """Training devices that also host the engines (pivot, colocated) keep `vllm_asleep_gib` free
+    for each role's asleep vLLM engine; static training pools keep none; CPU engines hold none."""
+    from pivotrl.config.resolve import resolve
+    from pivotrl.runtime.assets import asleep_engine_bytes, check_trainer_fits
+    from pivotrl.trainer.memory import ModelDoesNotFitError
+
+    base = ["cluster=ray", "models=qwen7b_qwen30b", "cluster.device_memory_bytes=96e9"]
+    for mode, want in (("pivot", 4.0), ("colocated", 4.0), ("disaggregated", 0.0)):
+        cfg = compose_config([*base, f"deploy={mode}"])
+        assert asleep_engine_bytes(cfg, resolve(cfg)) == want * 2**30, mode
+    cfg = compose_config([*base, "engine.reward.vllm_asleep_gib=5", "engine.rollout.name=cpu"])
+    assert asleep_engine_bytes(cfg, resolve(cfg)) == 5 * 2**30
+    # a rank (31.2 GiB peak) that fits 48 GB only without the asleep engines' share: the error says what they keep
+    check_trainer_fits(compose_config([*base, "cluster.device_memory_bytes=48e9", "engine.vllm_asleep_gib=0"]),
+                       QWEN7B, "Qwen2.5-7B")
+    tight = compose_config([*base, "cluster.device_memory_bytes=48e9", "engine.vllm_asleep_gib=6"])
+    with pytest.raises(ModelDoesNotFitError, match=r"after a 10% reserve and 12\.0 GiB its asleep engines keep"):
+        check_trainer_fits(tight, QWEN7B, "Qwen2.5-7B")
+
+
+def test_each_engine_must_hold_its_weights_and_one_request_in_its_memory_fraction(tmp_path):
+    """`engine.<role>.vllm_gpu_memory_utilization` (0.85 by default) must hold the replica's weights
+    per device and the KV of its longest request; the error names the key, the numbers and the
+    fix. A Qwen3.5 judge's KV counts only its full-attention layers."""
+    from pivotrl.config.base import ConfigError
+    from pivotrl.models.resolve import ResolvedCheckpoint
+    from pivotrl.runtime.assets import check_engines_fit, kv_bytes_per_token
+
+    qwen35 = {"text_config": {"num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 256,
+                              "hidden_size": 3072, "num_hidden_layers": 48,
+                              "layer_types": ["linear_attention"] * 3 + ["full_attention"]}}
+    assert kv_bytes_per_token(qwen35) == 2 * 1 * 2 * 256 * 2  # one full-attention layer of four
+    assert kv_bytes_per_token(QWEN7B) == 2 * 28 * 4 * 128 * 2
+    policy = ResolvedCheckpoint(tmp_path, QWEN7B, None, weight_bytes=15_230_000_000)
+    judge = ResolvedCheckpoint(tmp_path, {**QWEN7B, "num_hidden_layers": 48}, None, weight_bytes=61_000_000_000)
+    base = ["cluster=ray", "models=qwen7b_qwen30b", "cluster.device_memory_bytes=96e9"]
+    check_engines_fit(compose_config(base), policy, judge)  # 7B at TP 1, 30B at TP 4 (the group's)
+    with pytest.raises(ConfigError, match=r"^engine.reward.vllm_gpu_memory_utilization=0.15 is invalid; allowed: "
+                                          r">= 0\.1\d+: a reward replica holds 14\.2 GiB of weights per device "
+                                          r"\(models.genrm.tp=4\).*or raise models.genrm.tp"):
+        check_engines_fit(compose_config([*base, "engine.reward.vllm_gpu_memory_utilization=0.15"]), policy, judge)
+    with pytest.raises(ConfigError, match=r"^engine.vllm_gpu_memory_utilization=0.1 is invalid.*a rollout replica"):
+        check_engines_fit(compose_config([*base, "engine.vllm_gpu_memory_utilization=0.1"]), policy, judge)
+    check_engines_fit(compose_config(["cluster=local"]), policy, judge)  # CPU devices: not checked

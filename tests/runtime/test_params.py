@@ -28,7 +28,7 @@ def _read_in_another_process(weights):
         if sd is None:
             from pivotrl.engines.weight_sync import iter_manifest_tensors
 
-            sd = dict(iter_manifest_tensors(w.to_wire(), 0))
+            sd = dict(iter_manifest_tensors(w.to_wire()))
         return facts, {k: t.clone() for k, t in sd.items()}
 
 

@@ -51,7 +51,24 @@ def test_policy_sleeps_level2_and_takes_the_new_version(folder):
     assert host.shift_down().detail["sleep_level"] == 2.0 and host.engine.model is None
     assert host.needs_parameters()
     up = host.shift_up(sd, 4)
-    assert up.version == 4 and "read_folder_s" in up.detail and "load_s" in up.detail
+    # new weights follow: the model is rebuilt from config.json, its folder's weights never read
+    assert up.version == 4 and "read_folder_s" not in up.detail and "build_s" in up.detail and "load_s" in up.detail
+    host.close()
+
+
+def test_a_cold_policy_engine_never_reads_its_folder_and_serves_the_weights_it_is_given(folder, tmp_path):
+    """Cold shift up with weights to load: the engine is built from config.json alone (random
+    values, vLLM's `load_format="dummy"`), then takes the given weights; without weights it reads
+    its folder's."""
+    ref_host = _host(Role.ROLLOUT, folder)
+    up = ref_host.shift_up(None, 0)
+    assert up.cold and up.detail["read_folder"] == 1.0
+    ref, sd = _greedy(ref_host), {k: v.clone() for k, v in ref_host.engine.model.state_dict().items()}
+    ref_host.close()
+    host = _host(Role.ROLLOUT, folder)
+    up = host.shift_up(sd, 3)
+    assert up.cold and up.detail["read_folder"] == 0.0 and up.version == 3
+    assert _greedy(host) == ref
     host.close()
 
 
@@ -62,7 +79,7 @@ def test_a_failed_wake_drops_the_engine_and_the_next_shift_up_builds_a_fresh_one
 
     llms: list[RecordingLLM] = []
 
-    def build(spec):
+    def build(spec, read_weights=True):
         llm = RecordingLLM("wake_up:('kv_cache',)" if not llms else None)
         llms.append(llm)
         return VLLMEngine(spec.model_path, spec.engine.settings, client_factory=lambda e: llm, sleep_mode=True)

@@ -118,7 +118,8 @@ def test_each_device_of_a_replica_gets_its_place(tmp_path):
     slot = Slot(Role.REWARD, 2, 2)
     lead, member = la.role_spec(slot, 0), la.role_spec(slot, 1)
     assert (lead.leader, lead.engine.tensor_parallel_size, lead.engine.sleep_level) == (None, 2, 1)
-    assert lead.engine.settings is cfg.engine, "the user's engine settings, unchanged"
+    assert lead.engine.settings == resolve(cfg).engine(cfg, "reward").settings, "the role's settings (Resolved.engine)"
+    assert lead.engine.settings.shared().items() >= {"max_num_seqs": cfg.engine.max_num_seqs}.items()
     assert (member.leader, member.role) == (2, Role.REWARD)
     rollout = la.role_spec(Slot(Role.ROLLOUT, 0, 1), 0).engine
     assert (rollout.tensor_parallel_size, rollout.sleep_level) == (1, 2)

@@ -27,3 +27,25 @@ def test_judge_room_is_what_a_judge_prompt_adds(template, system):
     # the template's own text is in it (fields removed), and a system prompt adds its length
     body = t.user.replace("{question}", "").replace("{response}", "")
     assert room >= tokens(tok, body) + (tokens(tok, system) if system else tokens(tok, t.system or ""))
+
+
+def test_rollout_requests_carry_seeds_on_cpu_only_unless_asked():
+    """`engine.request_seeds` null: a per-request seed on CPU (reproducible runs), none on GPUs
+    (vLLM samples seeded requests one by one); a user's true keeps them on GPUs too."""
+    from pivotrl.config import compose_config
+    from pivotrl.core.types import Role
+    from pivotrl.models.tiny import build_tokenizer
+    from pivotrl.rl.data import Example
+    from pivotrl.runtime.ledger import Tokens
+    from pivotrl.runtime.samples import Samples
+
+    tok = build_tokenizer()
+    ex = [Example(prompt=[{"role": "user", "content": "1+1"}], data_source="x", ground_truth="2", extra_info={})]
+    seeds = {}
+    for name, ov in (("cpu", []), ("cuda", ["cluster.accelerator=cuda"]),
+                     ("cuda+seeds", ["cluster.accelerator=cuda", "engine.rollout.request_seeds=true"])):
+        cfg = compose_config(["cluster=local", *ov])
+        s = Samples(cfg, tok, tok, ex, 1, 2, 8)
+        seeds[name] = [s.request(Role.ROLLOUT, sid, Tokens(), None).params.seed for sid in (0, 1)]
+    assert all(isinstance(x, int) for x in seeds["cpu"]) and seeds["cpu"][0] != seeds["cpu"][1]
+    assert seeds["cuda"] == [None, None] and seeds["cuda+seeds"] == seeds["cpu"]

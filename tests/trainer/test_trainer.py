@@ -576,3 +576,24 @@ def test_two_ranks_decoupled_match_one_rank(model_path):
         assert out[1][0][key] == pytest.approx(out[0][0][key], rel=1e-4, abs=1e-6), key
     assert 0 < out[0][0]["behaviour_is_truncated"] < 1
     _assert_state_close(out[1][1], out[0][1], atol=1e-4)  # Adam at lr 1e-2: see test_two_ranks_match_one_rank
+
+
+def test_meta_init_of_a_bfloat16_checkpoint_reads_it_mapped_in_its_own_dtype(tmp_path):
+    """Rank 0 never casts the checkpoint to float32: it hands the broadcast mapped bf16 views, and
+    each rank's float32 shard is the bf16 value upcast (as the eager float32 load gives), with 1
+    rank and with 2 (rank 1 receives bf16 tensors and casts them into its own shard)."""
+    from dataclasses import replace
+
+    from pivotrl.trainer.model_init import read_mapped_state_dict
+
+    path = create_tiny_model(tmp_path / "bf16", replace(TINY, dtype="bfloat16"), seed=3)
+    mapped = read_mapped_state_dict(path)
+    assert mapped and all(t.dtype == torch.bfloat16 for t in mapped.values())
+    # views of one mapping of the one weight file (no tensor of its own: nothing read or cast yet)
+    assert len({t.untyped_storage().data_ptr() for t in mapped.values()}) == 1
+    with Trainer(_cfg(init_on_meta=False), path) as tr:
+        eager = tr.state_dict()
+    assert all(v.dtype == torch.float32 for v in eager.values())
+    for ws in (1, 2):
+        with Trainer(_cfg(init_on_meta=True, world_size=ws), path) as tr:
+            _assert_state_close(eager, tr.state_dict())
