@@ -19,9 +19,42 @@ from pivotrl.config.base import check, finite
 PLANNER_TABLE_BYTES = 4  # int32 entries of the planner's Alg. 1 choice table (pivotrl/core/planner.py)
 
 
-#: `models.sim.phase_switch` and `models.sim.pivot_home` values.
+#: `models.sim.phase_switch`, `models.sim.pivot_home` and `models.sim.cudagraph` values.
 PHASE_SWITCHES = ("shift", "sleep")
 PIVOT_HOMES = ("paper", "sweep")
+CUDAGRAPH_MODES = ("full", "decode_only", "off")
+
+
+@dataclass
+class ModelArch:
+    """Shape details of a model that its engine's costs depend on beyond `ModelSpec`'s totals (sim
+    only; `models.<role>.arch`). Zeros mean "as a plain decoder": every layer has full attention
+    with `hidden`-wide queries and no head is replicated."""
+
+    kv_heads: int = 0
+    """KV heads of a full-attention layer. Tensor parallelism splits heads, so at `tp > kv_heads`
+    each device keeps a whole head and the KV cache is replicated `tp / kv_heads` times (vLLM and
+    SGLang both do this); 0 = never replicated."""
+    attention_layers: int = 0
+    """Layers with full (quadratic) attention and a KV cache; 0 = all `layers`. `kv_bytes_per_token`
+    counts these layers only."""
+    attention_dim: int = 0
+    """Query heads x head_dim of those layers (prefill's L^2 attention FLOPs); 0 = `hidden`."""
+    linear_layers: int = 0
+    """Linear-attention (Gated DeltaNet) layers: a fixed recurrent state per sequence instead of a KV
+    cache."""
+    linear_value_heads: int = 0
+    """Value heads of a linear-attention layer (its kernels' unit of work; split by tensor parallelism)."""
+    linear_state_bytes: float = 0.0
+    """Recurrent state of one sequence over all linear layers, bytes (SSM state + convolution state,
+    at the engine's state dtype): held for every running sequence."""
+
+    def __post_init__(self) -> None:
+        for name in ("kv_heads", "attention_layers", "attention_dim", "linear_layers", "linear_value_heads"):
+            v = getattr(self, name)
+            check(isinstance(v, int) and v >= 0, name, "an int >= 0", v)
+        check(finite(self.linear_state_bytes) and self.linear_state_bytes >= 0, "linear_state_bytes",
+              "a finite number >= 0", self.linear_state_bytes)
 
 
 @dataclass
@@ -44,6 +77,14 @@ class SimConfig:
     """Share of device memory an inference engine may use (weights + KV cache): vLLM's
     `gpu_memory_utilization` (its own default 0.9; verl's rollout config sets 0.5, which the paper
     groups use: docs/calibration_sources.md §4)."""
+    max_num_batched_tokens: int = 8192
+    """Tokens one engine iteration processes at most (vLLM's `max_num_batched_tokens`, with chunked
+    prefill): a prefill is cut into chunks of this size, one iteration each."""
+    cudagraph: str = "full"
+    """Which engine iterations run as CUDA graphs: `full` (every iteration, the per-iteration cost is
+    `cluster.hardware.d0`), `decode_only` (vLLM's `FULL_DECODE_ONLY`, what verl sets: iterations that
+    carry a prefill chunk run eagerly and pay `cluster.hardware.d0_eager` each), or `off` (vLLM's
+    `enforce_eager`: every iteration pays `d0_eager`)."""
     kv_reserve_tokens: int = 0
     """KV tokens a scheduler keeps free on a replica when admitting a sequence (growth headroom)."""
     max_num_seqs: int = 256
@@ -126,6 +167,9 @@ class SimConfig:
               "a finite number > 0", self.memory_budget_gib)
         check(finite(self.mem_util) and 0.0 < self.mem_util <= 1.0, "mem_util", "in (0, 1]", self.mem_util)
         check(self.phase_switch in PHASE_SWITCHES, "phase_switch", " | ".join(PHASE_SWITCHES), self.phase_switch)
+        check(self.cudagraph in CUDAGRAPH_MODES, "cudagraph", " | ".join(CUDAGRAPH_MODES), self.cudagraph)
+        check(isinstance(self.max_num_batched_tokens, int) and self.max_num_batched_tokens >= 1,
+              "max_num_batched_tokens", "an int >= 1", self.max_num_batched_tokens)
         check(self.pivot_home in PIVOT_HOMES, "pivot_home", " | ".join(PIVOT_HOMES), self.pivot_home)
         check(isinstance(self.sweep_units, int) and self.sweep_units >= 2, "sweep_units", "an int >= 2",
               self.sweep_units)

@@ -69,10 +69,12 @@ def test_paper_groups_run_verls_engine_settings(make_cfg, group):
     sim, hw = cfg.models.sim, cfg.cluster.hardware
     assert sim.mem_util == 0.5 and sim.max_num_seqs == 256  # verl's rollout defaults
     assert sim.phase_switch == "sleep" and sim.reward_batch_barrier is False
+    assert sim.cudagraph == "decode_only" and sim.max_num_batched_tokens == 8192  # verl's vLLM server
     setup = SimSetup.from_config(cfg)
     for role, spec in ((Role.ROLLOUT, cfg.models.policy), (Role.REWARD, cfg.models.genrm)):
-        want = int((spec.tp * hw.hbm_bytes * 0.5 - spec.weight_bytes) // spec.kv_bytes_per_token)
-        assert setup.costs[role].kv_capacity == want  # half the HBM, weights included
+        free = spec.tp * hw.hbm_bytes * 0.5 - spec.weight_bytes - 256 * spec.arch.linear_state_bytes
+        want = int(free // (spec.kv_bytes_per_token * tm.kv_replication(spec, spec.tp)))
+        assert setup.costs[role].kv_capacity == want  # half the HBM, weights (and states) included
         assert setup.costs[role].swap_s == pytest.approx(spec.weight_bytes / spec.tp / hw.host_to_device_bw)
 
 
