@@ -47,9 +47,10 @@ class HardwareProfile:
     """Achieved FLOP/s of prefill (large, compute-bound GEMMs; bf16; fp8 models twice this)."""
     d0: float = 1.4e-3
     """Fixed per-iteration overhead of a CUDA-graph iteration, seconds (D0)."""
-    d0_eager: float = 10e-3
-    """Per-iteration overhead of an iteration run without CUDA graphs (kernel launches from Python),
-    seconds: paid per prefill chunk under `models.sim.cudagraph=decode_only`, per iteration under `off`."""
+    eager_layer_s: float = 0.2e-3
+    """Per layer of an iteration run without CUDA graphs: the kernel launches from Python that a
+    graph replays in one go, seconds (`layers * eager_layer_s` replaces D0 for such an iteration);
+    paid per prefill chunk under `models.sim.cudagraph=decode_only`, per iteration under `off`."""
     t_moe_layer: float = 50e-6
     """Per MoE layer and iteration: the routing kernels' floor (gating, top-k, token permutation and
     its reverse), seconds; independent of the batch."""
@@ -73,7 +74,7 @@ class HardwareProfile:
 
     def __post_init__(self) -> None:
         for name in ("peak_flops", "bw_weights", "bw_experts", "bw_kv", "flops_dense", "flops_moe", "flops_prefill",
-                     "d0", "d0_eager", "t_allreduce", "hbm_bytes", "host_to_device_bw", "inter_node_bw", "mfu"):
+                     "d0", "eager_layer_s", "t_allreduce", "hbm_bytes", "host_to_device_bw", "inter_node_bw", "mfu"):
             v = getattr(self, name)
             check(finite(v) and v > 0, name, "a finite number > 0", v)
         for name in ("t_moe_layer", "linear_decode_s", "linear_prefill_s"):

@@ -83,8 +83,13 @@ class SimConfig:
     cudagraph: str = "full"
     """Which engine iterations run as CUDA graphs: `full` (every iteration, the per-iteration cost is
     `cluster.hardware.d0`), `decode_only` (vLLM's `FULL_DECODE_ONLY`, what verl sets: iterations that
-    carry a prefill chunk run eagerly and pay `cluster.hardware.d0_eager` each), or `off` (vLLM's
-    `enforce_eager`: every iteration pays `d0_eager`)."""
+    carry a prefill chunk run eagerly and pay `layers * cluster.hardware.eager_layer_s` each), or `off`
+    (vLLM's `enforce_eager`: every iteration pays that instead of `cluster.hardware.d0`)."""
+    reward_cudagraph: str | None = None
+    """`cudagraph` of the GenRM's engine; null = the rollout engine's. verl's reward model config sets
+    `enforce_eager: true` (`off`): docs/calibration_sources.md §6."""
+    reward_max_num_seqs: int | None = None
+    """`max_num_seqs` of the GenRM's engine; null = `max_num_seqs` (verl's reward model config: 1024)."""
     kv_reserve_tokens: int = 0
     """KV tokens a scheduler keeps free on a replica when admitting a sequence (growth headroom)."""
     max_num_seqs: int = 256
@@ -143,6 +148,13 @@ class SimConfig:
     paper_allocation: PaperAllocation = field(default_factory=PaperAllocation)
     """Paper Table 4 allocations (reported beside the swept best)."""
 
+    def engine(self, reward: bool) -> tuple[str, int]:
+        """(cudagraph, max_num_seqs) of the rollout engine, or with `reward` of the GenRM's."""
+        if not reward:
+            return self.cudagraph, self.max_num_seqs
+        return (self.reward_cudagraph or self.cudagraph,
+                self.reward_max_num_seqs if self.reward_max_num_seqs is not None else self.max_num_seqs)
+
     def max_devices(self, min_tp: int = 1) -> int:
         """Most simulated devices `memory_budget_gib` holds: the planner's table has up to
         (devices / min_tp) rows of (devices + 1) int32 entries."""
@@ -168,6 +180,11 @@ class SimConfig:
         check(finite(self.mem_util) and 0.0 < self.mem_util <= 1.0, "mem_util", "in (0, 1]", self.mem_util)
         check(self.phase_switch in PHASE_SWITCHES, "phase_switch", " | ".join(PHASE_SWITCHES), self.phase_switch)
         check(self.cudagraph in CUDAGRAPH_MODES, "cudagraph", " | ".join(CUDAGRAPH_MODES), self.cudagraph)
+        check(self.reward_cudagraph is None or self.reward_cudagraph in CUDAGRAPH_MODES, "reward_cudagraph",
+              "null | " + " | ".join(CUDAGRAPH_MODES), self.reward_cudagraph)
+        check(self.reward_max_num_seqs is None or (isinstance(self.reward_max_num_seqs, int)
+                                                   and self.reward_max_num_seqs >= 1),
+              "reward_max_num_seqs", "null or an int >= 1", self.reward_max_num_seqs)
         check(isinstance(self.max_num_batched_tokens, int) and self.max_num_batched_tokens >= 1,
               "max_num_batched_tokens", "an int >= 1", self.max_num_batched_tokens)
         check(self.pivot_home in PIVOT_HOMES, "pivot_home", " | ".join(PIVOT_HOMES), self.pivot_home)

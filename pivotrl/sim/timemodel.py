@@ -5,7 +5,7 @@ Owns the formulas of calibration.md §3, §5 and §7, and nothing else:
   KV heads replicated beyond `kv_heads` devices, the MoE routing floor per layer, hybrid models'
   linear-attention state updates, and the engine's CUDA-graph mode;
 - prefill `P0 + P1*L + P2*L^2` (chunked; eager chunks pay their launch overhead);
-- KV capacity of a replica (HBM share minus weights and the sequences' linear-attention state);
+- KV capacity of a replica (HBM share minus weights) and a hybrid model's per-sequence state in KV tokens;
 - training step time from the MFU model;
 - shift-up/down times (weight read from host over PCIe + the paper's measured engine overheads),
   the phased modes' sleep/wake swap (weights only), training shift times, and weight publish time.
@@ -49,9 +49,9 @@ def decode_model(spec: ModelSpec, hw: HardwareProfile, tp: int | None = None,
         touched fraction `1 - (1 - k/E)^N` (core's MoE floor form, `moe_floor` = the dense share
         of B); experts stream at one parameter rate whatever their storage type
     C = 2 * P_active / tp / F_decode + linear_layers * value_heads / tp * t_linear_decode
-    D = D0 (or D0_eager with cudagraph=off) + moe_layers * t_moe_layer + (tp > 1) * 2 * layers * t_allreduce
+    D = D0 (cudagraph=off: layers * t_eager_layer) + moe_layers * t_moe_layer + (tp > 1) * 2 * layers * t_allreduce
     P1 = 2 * P_active / tp / F_prefill + linear_layers * value_heads / tp * t_linear_prefill
-         (+ D0_eager / max_num_batched_tokens when prefill chunks run without CUDA graphs)
+         (+ layers * t_eager_layer / max_num_batched_tokens when prefill chunks run without CUDA graphs)
     P2 = 2 * attention_layers * attention_dim / tp / F_attn,  P0 = 0 (prefills batch)
 
     fp8 weights (`dtype_bytes` 1) compute at twice the bf16 FLOP/s. `attention_dp`: data-parallel
@@ -72,7 +72,8 @@ def decode_model(spec: ModelSpec, hw: HardwareProfile, tp: int | None = None,
     linear_heads = arch.linear_layers * arch.linear_value_heads / tp
     eager_iter = cudagraph == "off"
     eager_prefill = cudagraph in ("off", "decode_only")
-    d0 = hw.d0_eager if eager_iter else hw.d0
+    eager = spec.layers * hw.eager_layer_s  # one iteration's launches without a graph
+    d0 = eager if eager_iter else hw.d0
     b = b_dense + b_experts
     return ThroughputModel(
         A=spec.kv_bytes_per_token * kv_replication(spec, tp) / tp / hw.bw_kv,
@@ -82,26 +83,32 @@ def decode_model(spec: ModelSpec, hw: HardwareProfile, tp: int | None = None,
         + (2.0 * spec.layers * hw.t_allreduce if tp > 1 else 0.0),
         P0=0.0,
         P1=2.0 * spec.params_active / tp / f_prefill + linear_heads * hw.linear_prefill_s
-        + (hw.d0_eager / max_num_batched_tokens if eager_prefill else 0.0),
+        + (eager / max_num_batched_tokens if eager_prefill else 0.0),
         P2=2.0 * (arch.attention_layers or spec.layers) * (arch.attention_dim or spec.hidden) / tp / f_attn,
         moe_floor=(b_dense / b) if moe else None,
         moe_k_over_e=(spec.moe_topk / spec.moe_experts) if moe else 0.0,
     )
 
 
-def kv_capacity(spec: ModelSpec, hw: HardwareProfile, mem_util: float, tp: int | None = None,
-                max_num_seqs: int = 0) -> int:
-    """KV-cache tokens one replica holds: `(tp*HBM*mem_util - weights - max_num_seqs*state) /
-    (KV_bytes_per_token * rep)`: the engine sets aside a linear-attention state for each sequence it
-    may run (`models.sim.max_num_seqs`), and replicated KV heads (`kv_replication`) take their space."""
+def kv_capacity(spec: ModelSpec, hw: HardwareProfile, mem_util: float, tp: int | None = None) -> int:
+    """KV-cache tokens one replica holds: `(tp*HBM*mem_util - weights) / (KV_bytes_per_token * rep)`:
+    replicated KV heads (`kv_replication`) take their space."""
     tp = spec.tp if tp is None else tp
-    free = tp * hw.hbm_bytes * mem_util - spec.weight_bytes - max_num_seqs * spec.arch.linear_state_bytes
+    free = tp * hw.hbm_bytes * mem_util - spec.weight_bytes
     if free <= 0:
         raise ValueError(
-            f"model {spec.name} ({spec.weight_bytes / 1e9:.1f} GB + {max_num_seqs} x "
-            f"{spec.arch.linear_state_bytes / 1e6:.0f} MB of sequence state) does not fit on tp={tp} x "
+            f"model {spec.name} ({spec.weight_bytes / 1e9:.1f} GB) does not fit on tp={tp} x "
             f"{hw.hbm_bytes / 1e9:.0f} GB at mem_util={mem_util}: raise models.*.tp")
     return int(free // (spec.kv_bytes_per_token * kv_replication(spec, tp)))
+
+
+def state_tokens(spec: ModelSpec, tp: int | None = None) -> int:
+    """A hybrid model's per-sequence recurrent state in KV tokens of the same replica (vLLM pages the
+    state from the KV pool): `linear_state_bytes / (KV_bytes_per_token * rep)`, 0 for other models."""
+    tp = spec.tp if tp is None else tp
+    if spec.arch.linear_state_bytes <= 0:
+        return 0
+    return math.ceil(spec.arch.linear_state_bytes / (spec.kv_bytes_per_token * kv_replication(spec, tp)))
 
 
 def training_time(policy: ModelSpec, hw: HardwareProfile, sim: SimConfig, tokens: int, gpus: int) -> float:
@@ -154,6 +161,10 @@ class RoleCosts:
     shift_down_s: float
     swap_s: float = 0.0
     """One direction of a sleep/wake swap (`swap_time`), for the phased modes' `phase_switch: sleep`."""
+    max_num_seqs: int | None = None
+    """Sequences one replica runs at once (its engine's `max_num_seqs`); None = no cap."""
+    seq_tokens: int = 0
+    """A running sequence's fixed linear-attention state, in KV tokens (`state_tokens`)."""
 
     def peak_per_device(self, context: float) -> float:
         """Best tokens/s per device: the max over N (within KV capacity) of T(N, N*context)/tp,
@@ -180,11 +191,14 @@ def role_costs(models: ModelsConfig, hw: HardwareProfile, role: Role) -> RoleCos
     else:
         raise ValueError(f"role_costs is for inference roles (rollout, reward), got {role}")
     sim = models.sim
+    cudagraph, max_num_seqs = sim.engine(reward=role == Role.REWARD)
     return RoleCosts(
-        model=decode_model(spec, hw, attn_flops=sim.attn_flops, cudagraph=sim.cudagraph,
+        model=decode_model(spec, hw, attn_flops=sim.attn_flops, cudagraph=cudagraph,
                            max_num_batched_tokens=sim.max_num_batched_tokens),
         tp=spec.tp,
-        kv_capacity=kv_capacity(spec, hw, sim.mem_util, max_num_seqs=sim.max_num_seqs),
+        kv_capacity=kv_capacity(spec, hw, sim.mem_util),
+        max_num_seqs=max_num_seqs,
+        seq_tokens=state_tokens(spec),
         shift_up_s=shift_up_time(spec, hw),
         shift_down_s=shift_down_time(spec),
         swap_s=swap_time(spec, hw),
