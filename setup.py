@@ -6,6 +6,8 @@ setup(
     version="0.1.0",
     description="RL post-training with GenRM rewards that shifts devices between roles at run time",
     packages=find_packages(include=["pivotrl", "pivotrl.*"]),
+    # the tiny bootstrap that ships (pivotrl/models/shipped.py): ~12 MB of folders, no code
+    package_data={"pivotrl.models": ["bootstrap_shipped/**/*"]},
     python_requires=">=3.10",
     install_requires=[
         # Exact pin: the CPU wheel lies on disk; a range lets pip pick a multi-GB CUDA build.

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pivotrl.core.scheduler import Move
+from pivotrl.core.dispatch import Move
 from pivotrl.core.types import Role, ShiftPlan
 
 Progress = dict[Role, dict[int, int]]  # role -> seq_id -> generated tokens

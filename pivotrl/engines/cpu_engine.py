@@ -1,25 +1,15 @@
 """`CPUEngine`: continuous batching over a `transformers` causal LM with a real KV cache.
 
-Owns: admission (by `max_num_seqs` and a KV token budget), batched prefill and batched incremental
-decode with `past_key_values`, sampling (greedy, temperature, top-p, per-sequence seeds), abort
-with tokens-so-far and resume by re-prefill, in-place weight loading, and timing samples for the
-throughput model. It is the fallback engine and the engine of the tests. It knows nothing about
-Ray, schedulers or vLLM.
+Owns: intake and admission (by `max_num_seqs` and a KV token budget), the step (decode the running
+batch, then prefill admitted sequences), abort with tokens-so-far and resume by re-prefill, weight
+loads and memory release with their versions, and timing samples for the throughput model. It is
+the fallback engine and the engine of the tests. It knows nothing about Ray, schedulers or vLLM.
 
-KV layout (why it is correct). All running sequences share one `DynamicCache` of shape
-`(B, kv_heads, T, head_dim)` per layer, left-padded: row `b` holds its real tokens in the last
-`len_b` columns, and `self._valid` marks real columns. The attention mask is built here as a 4D
-boolean mask (causal and key-is-real), and every row gets its own `position_ids` (its real
-position), so padding changes neither the attention nor RoPE. Sequences join between iterations:
-new ones are prefilled as a batch (left-padded among themselves) and their caches are concatenated
-with the running batch after padding both on the left to a common length. Sequences leave between
-iterations: their rows are dropped, and padding columns no row needs any more are trimmed. Padding
-keys/values are zeroed so they never carry NaN into a masked product.
-
-Per sequence, the cache holds the prompt and all generated tokens except the last one (the
-"pending" token), which the next decode iteration feeds. One `step()` decodes one token for every
-sequence already running, then admits and prefills waiting ones (which also yields their first
-token), so each running sequence advances exactly one token per step.
+The running batch (one shared left-padded KV cache, batched prefill and decode, sampling) is
+`cpu_batch.py`'s; loading Hugging Face folders and weights in place is `hf_model.py`'s. One
+`step()` decodes one token for every sequence already running, then admits and prefills waiting
+ones (which also yields their first token), so each running sequence advances exactly one token
+per step.
 
 Timing samples (what the throughput model is fitted from: what a replica delivers, not only its
 forward pass). A `PrefillSample` times one batched prefill (the model call and sampling). An
@@ -44,10 +34,8 @@ looks at sequences (`step`, `abort`, `snapshot`, `has_unfinished`, `stats`, `rel
 moves the handed-over sequences into the waiting queue, in submission order. A sequence's version
 tag is the engine's version when it moves into the queue (before any of its tokens is generated).
 
-Behaviour log-probs (protocol docstring): with each sampled token the engine keeps
-`log_softmax(logits / T)` at that token (T = the request's temperature, 1 for greedy), computed
-in float32 from the same logits it sampled from, before top-p truncation. A resume continues the
-list it was given (`GenerationRequest.generated_logprobs`).
+Behaviour log-probs (protocol docstring, `cpu_batch.sample_next`): a resume continues the list it
+was given (`GenerationRequest.generated_logprobs`).
 """
 from __future__ import annotations
 
@@ -55,83 +43,18 @@ import collections
 import gc
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
 import torch
 
 from pivotrl.config.engine import EngineConfig
+from pivotrl.engines.cpu_batch import CPUSeq, KVBatch, sample_next
+from pivotrl.engines.hf_model import eos_ids_of, load_hf_model, load_hf_tokenizer, load_state_dict_in_place
 from pivotrl.engines.protocol import (FINISH_LENGTH, FINISH_STOP, Completion, EngineStats,
-                                      GenerationRequest, IterationSample, PrefillSample, TokensSoFar,
-                                      run_to_completion)
+                                      GenerationRequest, IterationSample, PrefillSample, run_to_completion)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _MAX_SAMPLES = 10_000  # timing samples kept between stats() calls (oldest dropped)
-
-
-def load_hf_model(model_path: str | Path, dtype: str = "float32") -> torch.nn.Module:
-    """Load a Hugging Face causal-LM folder for inference; ValueError naming the folder if it fails."""
-    from transformers import AutoModelForCausalLM
-
-    path = Path(model_path)
-    if not path.is_dir():
-        raise ValueError(f"model folder {str(path)!r} does not exist or is not a folder")
-    if not (path / "config.json").is_file():
-        raise ValueError(f"model folder {str(path)!r} has no config.json (not a Hugging Face model folder)")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_DTYPES[dtype], attn_implementation="sdpa")
-    except Exception as e:  # noqa: BLE001 - re-raised naming the folder
-        raise ValueError(f"model folder {str(path)!r} does not load: {type(e).__name__}: {e}") from e
-    return model.eval()
-
-
-def load_hf_tokenizer(tokenizer_path: str | Path):
-    """Load a Hugging Face tokenizer folder; ValueError naming the folder if it fails."""
-    from transformers import AutoTokenizer
-
-    path = Path(tokenizer_path)
-    if not path.is_dir():
-        raise ValueError(f"tokenizer folder {str(path)!r} does not exist or is not a folder")
-    try:
-        return AutoTokenizer.from_pretrained(str(path))
-    except Exception as e:  # noqa: BLE001 - re-raised naming the folder
-        raise ValueError(f"tokenizer folder {str(path)!r} does not load: {type(e).__name__}: {e}") from e
-
-
-def eos_ids_of(config) -> set[int]:
-    """The model's EOS token ids (an int or a list in HF configs)."""
-    eos = getattr(config, "eos_token_id", None)
-    if eos is None:
-        return set()
-    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
-
-
-@dataclass
-class _Seq:
-    req: GenerationRequest
-    generated: list[int]
-    version: int
-    stops: frozenset[int]
-    gen: torch.Generator | None
-    reprefill: int = 0
-    logprobs: list[float] | None = None  # behaviour log-prob per generated token; None = unknown
-
-    def so_far(self) -> TokensSoFar:
-        return TokensSoFar(self.generated, self.logprobs)
-
-    @property
-    def total(self) -> int:
-        return len(self.req.prompt_ids) + len(self.generated)
-
-
-@dataclass
-class _Batch:
-    """Running rows: `seqs[b]` owns row b of every cache tensor and of `valid`."""
-
-    seqs: list[_Seq] = field(default_factory=list)
-    cache: object = None  # transformers DynamicCache, or None when empty
-    valid: torch.Tensor | None = None  # (B, T) bool: real (non-padding) cache columns
 
 
 class CPUEngine:
@@ -157,10 +80,10 @@ class CPUEngine:
         self._gen = torch.Generator().manual_seed(self.cfg.seed)
         self._lock = threading.RLock()
         self._intake = threading.Lock()  # guards _incoming and _live (module docstring: Intake)
-        self._incoming: list[_Seq] = []
+        self._incoming: list[CPUSeq] = []
         self._live: set[int] = set()  # submitted and not yet finished or aborted
-        self._waiting: collections.deque[_Seq] = collections.deque()
-        self._batch = _Batch()
+        self._waiting: collections.deque[CPUSeq] = collections.deque()
+        self._batch = KVBatch()
         self._finished: list[Completion] = []
         self._iters: collections.deque[IterationSample] = collections.deque(maxlen=_MAX_SAMPLES)
         self._prefills: collections.deque[PrefillSample] = collections.deque(maxlen=_MAX_SAMPLES)
@@ -184,7 +107,7 @@ class CPUEngine:
         stops = frozenset() if p.ignore_eos else frozenset(p.stop_token_ids) | self.eos_ids
         gen = torch.Generator().manual_seed(p.seed) if p.seed is not None else None
         lps = None if request.generated_logprobs is None else list(request.generated_logprobs)
-        seq = _Seq(request, list(request.generated), self.version, stops, gen, logprobs=lps)
+        seq = CPUSeq(request, list(request.generated), self.version, stops, gen, logprobs=lps)
         if request.resumed:
             seq.reprefill = seq.total
         with self._intake:
@@ -244,7 +167,7 @@ class CPUEngine:
                 if hit(s):
                     out[s.req.seq_id] = s.so_far()
             if len(keep) != len(self._batch.seqs):
-                self._keep_rows(keep)
+                self._batch.keep_rows(keep)
             self._restart_interval()
             with self._intake:
                 self._live.difference_update(out)
@@ -261,19 +184,7 @@ class CPUEngine:
             state_dict = dict(iter_manifest_tensors(state_dict.to_wire(), 0))
         with self._lock:
             self._check_live()
-            own = self.model.state_dict()
-            unknown = [k for k in state_dict if k not in own]
-            if unknown:
-                raise ValueError(f"load_weights: {len(unknown)} unknown parameter names, e.g. {unknown[:3]}; "
-                                 f"expected names like {list(own)[:3]}")
-            # Every shape is checked before any copy: a bad state dict never leaves the model half-loaded.
-            incoming = {k: torch.as_tensor(v) for k, v in state_dict.items()}
-            for k, t in incoming.items():
-                if tuple(t.shape) != tuple(own[k].shape):
-                    raise ValueError(f"load_weights: {k} has shape {tuple(t.shape)}, expected {tuple(own[k].shape)}")
-            with torch.no_grad():
-                for k, t in incoming.items():
-                    own[k].copy_(t)  # state_dict tensors share storage with the parameters
+            load_state_dict_in_place(self.model, state_dict)
             self.version = int(version)
             self._restart_interval()  # the load is not decode time (the runtime times it)
 
@@ -288,7 +199,7 @@ class CPUEngine:
             if self._live_ids():
                 raise RuntimeError(f"release_memory: engine {self.name} still has live sequences "
                                    f"{sorted(self._live_ids())[:8]}...; abort them first")
-            self._batch = _Batch()
+            self._batch.clear()
             if level == 2:
                 self.model = None
             self._released = True
@@ -319,7 +230,7 @@ class CPUEngine:
                 self._incoming.clear()
                 self._live.clear()
             self._waiting.clear()
-            self._batch = _Batch()
+            self._batch.clear()
             self._restart_interval()
             self.model = None
             self._released = True
@@ -354,16 +265,16 @@ class CPUEngine:
         return {s.req.seq_id for s in (*self._waiting, *self._batch.seqs)}
 
     def _kv_tokens(self) -> int:
-        return sum(s.total for s in self._batch.seqs)
+        return self._batch.kv_tokens()
 
-    def _finish_reason(self, s: _Seq) -> str | None:
+    def _finish_reason(self, s: CPUSeq) -> str | None:
         if s.generated and s.generated[-1] in s.stops:
             return FINISH_STOP
         if len(s.generated) >= s.req.params.max_tokens or s.total >= self.max_model_len:
             return FINISH_LENGTH
         return None
 
-    def _completion(self, s: _Seq, reason: str) -> Completion:
+    def _completion(self, s: CPUSeq, reason: str) -> Completion:
         with self._intake:
             self._live.discard(s.req.seq_id)
         return Completion(seq_id=s.req.seq_id, prompt_ids=list(s.req.prompt_ids), token_ids=list(s.generated),
@@ -373,7 +284,7 @@ class CPUEngine:
     def _admit(self) -> None:
         room = self.cfg.max_num_seqs - len(self._batch.seqs)
         kv = self._kv_tokens()
-        new: list[_Seq] = []
+        new: list[CPUSeq] = []
         while self._waiting and len(new) < room:
             need = self._waiting[0].total
             # Admit at least one sequence into an empty engine, so an oversized one cannot wedge it.
@@ -385,53 +296,25 @@ class CPUEngine:
         if new:
             self._prefill(new)
 
-    def _prefill(self, seqs: list[_Seq]) -> None:
-        from transformers import DynamicCache
-
+    def _prefill(self, seqs: list[CPUSeq]) -> None:
         t0 = time.perf_counter()
         if self._mark is None or not self._batch.seqs:  # the batch turns busy: an interval starts
             self._mark, self._prefill_since_mark = t0, 0.0
-        rows = [s.req.prompt_ids + s.generated for s in seqs]
-        T = max(len(r) for r in rows)
-        ids = torch.zeros(len(rows), T, dtype=torch.long)
-        valid = torch.zeros(len(rows), T, dtype=torch.bool)
-        for b, r in enumerate(rows):
-            ids[b, T - len(r):] = torch.tensor(r, dtype=torch.long)
-            valid[b, T - len(r):] = True
-        pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
-        eye = torch.eye(T, dtype=torch.bool)
-        # Padding queries attend to themselves only, so no softmax row is empty (no NaN).
-        mask = (causal[None] & valid[:, None, :]) | (eye[None] & ~valid[:, :, None])
-        cache = DynamicCache(config=self.model.config)
-        with torch.no_grad():
-            out = self.model(input_ids=ids, attention_mask={"full_attention": mask[:, None]}, position_ids=pos,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
-        cache = out.past_key_values
-        for layer in cache.layers:
-            layer.keys.masked_fill_(~valid[:, None, :, None], 0.0)
-            layer.values.masked_fill_(~valid[:, None, :, None], 0.0)
-        nxt, lps = self._sample(out.logits[:, -1, :], seqs)
+        cache, valid, logits = KVBatch.prefill(self.model, seqs)
+        nxt, lps = sample_next(logits, seqs, self._gen)
         secs = time.perf_counter() - t0
-        self._prefills.append(PrefillSample(tokens=sum(len(r) for r in rows), num_seqs=len(rows), seconds=secs))
+        self._prefills.append(PrefillSample(tokens=sum(s.total for s in seqs), num_seqs=len(seqs), seconds=secs))
         self._prefill_since_mark += secs
         self._reprefill_total += sum(s.reprefill for s in seqs)
         offset = len(self._batch.seqs)
-        self._merge(seqs, cache, valid)
+        self._batch.merge(seqs, cache, valid)
         self._append_tokens(nxt, lps, offset)
 
     def _decode(self) -> None:
         bt = self._batch
         t0 = time.perf_counter()
         n, k = len(bt.seqs), self._kv_tokens()
-        ids = torch.tensor([[s.generated[-1]] for s in bt.seqs], dtype=torch.long)
-        pos = torch.tensor([[s.total - 1] for s in bt.seqs], dtype=torch.long)
-        valid = torch.cat([bt.valid, torch.ones(n, 1, dtype=torch.bool)], dim=1)
-        with torch.no_grad():
-            out = self.model(input_ids=ids, attention_mask={"full_attention": valid[:, None, None, :]},
-                             position_ids=pos, past_key_values=bt.cache, use_cache=True)
-        bt.cache, bt.valid = out.past_key_values, valid
-        nxt, lps = self._sample(out.logits[:, -1, :], bt.seqs)
+        nxt, lps = sample_next(bt.decode(self.model), bt.seqs, self._gen)
         self.last_forward_s = time.perf_counter() - t0
         self._append_tokens(nxt, lps)
         end = time.perf_counter()
@@ -457,64 +340,4 @@ class CPUEngine:
             else:
                 self._finished.append(self._completion(s, reason))
         if len(keep) != len(self._batch.seqs):
-            self._keep_rows(keep)
-
-    def _merge(self, seqs: list[_Seq], cache, valid: torch.Tensor) -> None:
-        """Append prefilled rows to the running batch (prefill rows are the last rows, in order)."""
-        bt = self._batch
-        if not bt.seqs:
-            bt.seqs, bt.cache, bt.valid = list(seqs), cache, valid
-            return
-        T = max(bt.valid.shape[1], valid.shape[1])
-        pad = lambda x, dim: torch.nn.functional.pad(x, (0, 0) * (x.dim() - dim - 1) + (T - x.shape[dim], 0))  # noqa: E731
-        for old, new in zip(bt.cache.layers, cache.layers):
-            old.keys = torch.cat([pad(old.keys, 2), pad(new.keys, 2)], dim=0)
-            old.values = torch.cat([pad(old.values, 2), pad(new.values, 2)], dim=0)
-        bt.valid = torch.cat([pad(bt.valid, 1), pad(valid, 1)], dim=0)
-        bt.seqs = bt.seqs + list(seqs)
-
-    def _keep_rows(self, keep: list[int]) -> None:
-        bt = self._batch
-        if not keep:
-            self._batch = _Batch()
-            return
-        idx = torch.tensor(keep, dtype=torch.long)
-        valid = bt.valid.index_select(0, idx)
-        # Drop leading columns that are padding in every remaining row.
-        first = int(valid.any(dim=0).long().argmax())
-        for layer in bt.cache.layers:
-            layer.keys = layer.keys.index_select(0, idx)[:, :, first:]
-            layer.values = layer.values.index_select(0, idx)[:, :, first:]
-        bt.valid = valid[:, first:]
-        bt.seqs = [bt.seqs[i] for i in keep]
-
-    def _sample(self, logits: torch.Tensor, seqs: list[_Seq]) -> tuple[list[int], list[float]]:
-        """Next token per row: argmax for greedy rows, temperature + top-p sampling otherwise;
-        and its behaviour log-prob `log_softmax(logits / T)[token]` (T = 1 for greedy rows)."""
-        logits = logits.float()
-        out = logits.argmax(dim=-1)
-        # Greedy rows report the model's own (T = 1) distribution: see the protocol docstring.
-        lp_temps = torch.tensor([s.req.params.temperature if not s.req.params.greedy else 1.0
-                                 for s in seqs])[:, None]
-        rows = [b for b, s in enumerate(seqs) if not s.req.params.greedy]
-        if rows:
-            idx = torch.tensor(rows, dtype=torch.long)
-            temps = torch.tensor([seqs[b].req.params.temperature for b in rows])[:, None]
-            top_p = torch.tensor([seqs[b].req.params.top_p for b in rows])[:, None]
-            probs = torch.softmax(logits.index_select(0, idx) / temps, dim=-1)
-            sp, si = probs.sort(dim=-1, descending=True)
-            # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-            drop = (sp.cumsum(-1) - sp) >= top_p
-            sp = sp.masked_fill(drop, 0.0)
-            shared = [j for j, b in enumerate(rows) if seqs[b].gen is None]
-            if shared:
-                j = torch.tensor(shared, dtype=torch.long)
-                pick = torch.multinomial(sp.index_select(0, j), 1, generator=self._gen)[:, 0]
-                for jj, p in zip(shared, pick.tolist()):
-                    out[rows[jj]] = si[jj, p]
-            for j, b in enumerate(rows):
-                if seqs[b].gen is not None:
-                    p = int(torch.multinomial(sp[j], 1, generator=seqs[b].gen))
-                    out[b] = si[j, p]
-        logp = torch.log_softmax(logits / lp_temps, dim=-1).gather(1, out[:, None])[:, 0]
-        return [int(t) for t in out.tolist()], [float(x) for x in logp.tolist()]
+            self._batch.keep_rows(keep)

@@ -8,7 +8,7 @@ a running model:
 - `pivot_load_weights_from_file(paths)`: safetensors files (a state dict the engine process wrote
   to `/dev/shm`, or a model folder's files);
 - `pivot_load_weights_from_gps(wire, bucket_bytes)`: straight from a GPS node buffer, a
-  `/dev/shm` file this node's GPS keeps (`pivotrl.gps.store.FileManifest.to_wire()`): the file is
+  `/dev/shm` file this node's GPS keeps (`pivotrl.gps.handles.FileManifest.to_wire()`): the file is
   mapped read-only and each tensor is a view of it, so the only host copy is the one into the
   model's parameters (on CUDA, through one reused pinned bucket of `bucket_bytes` for fast
   host-to-device copies). Returns the version it loaded.

@@ -37,7 +37,8 @@ Files: families.py (per-architecture tensors and partition rules from config.jso
 names and the store's dtype), layout.py (shapes, layouts, sharding), placement.py (replicate-first
 placement, memory budget),
 planner.py (atomic slices and greedy holder choice), versions.py (version table and leases),
-store.py (read/write execution), transports.py (shm; registry), ray_transport.py, nixl_transport.py,
+store.py (the store: models, plan cache, version lifecycle, leases), execute.py (carrying out a
+plan, shard checks), handles.py (read results, row writes, file manifests), transports.py (shm; registry), ray_transport.py, nixl_transport.py,
 hf_io.py (HF import/export), errors.py.
 """
 from typing import Any
@@ -50,7 +51,7 @@ from pivotrl.gps.layout import Layout, LocalTensor, ModelSpec, TensorSpec, devic
 from pivotrl.gps.placement import Placement, choose_placement
 from pivotrl.gps.planner import Device, LinkProfile, Plan, Transfer, plan_read, plan_write
 
-_LAZY = {"GlobalParameterStore": "store", "ReadResult": "store", "export_hf": "hf_io", "import_hf": "hf_io"}
+_LAZY = {"GlobalParameterStore": "store", "ReadResult": "handles", "export_hf": "hf_io", "import_hf": "hf_io"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,6 +1,7 @@
-"""Handles the store gives out for work done elsewhere: an open row write, a leased file manifest.
+"""Handles the store gives out: a read's result, an open row write, a leased file manifest.
 
-Owns `RowWrite` (picklable: trainer ranks in other processes receive it and write their rows with
+Owns `ReadResult` (the weights of one version, leased while zero-copy views of GPS memory are in
+use), `RowWrite` (picklable: trainer ranks in other processes receive it and write their rows with
 `GlobalParameterStore.write_rows`) and `FileManifest` (a leased version's node buffer as a file,
 for a reader in another process of that node, e.g. vLLM's workers). Both are made by
 `pivotrl.gps.store.GlobalParameterStore`; this module only defines them.
@@ -11,9 +12,43 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import torch
+
+from pivotrl.gps.planner import Device
 from pivotrl.gps.transports import BufferRef
 
-__all__ = ["RowWrite", "FileManifest"]
+__all__ = ["FileManifest", "ReadResult", "RowWrite", "StateDict"]
+
+StateDict = dict[str, torch.Tensor]
+
+
+@dataclass
+class ReadResult:
+    """The weights of exactly one version: `shards[device][name]`. With `zero_copy`, tensors may be
+    views of GPS memory: the version stays leased until `release()` (or garbage collection of this
+    result). Views stay valid after that (each version has its own mapping, never reused, and the
+    mapping lives as long as a view does), but their memory no longer counts as a live version.
+    `bytes_local`/`bytes_remote`: bytes the plan moved over node-local vs remote routes (the
+    device's node vs the holder's node)."""
+
+    version: int
+    shards: dict[Device, StateDict]
+    bytes_local: int = 0
+    bytes_remote: int = 0
+    _finalizer: Any = field(default=None, repr=False)
+
+    def release(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def __enter__(self) -> "ReadResult":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def __iter__(self):  # `version, shards = store.read(...)`
+        return iter((self.version, self.shards))
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,11 @@ Owns the two operations and their execution:
   no gather, one host copy; the committer checks every row of every tensor arrived;
 - `file_manifest`: a leased version's node buffer as (file path, offset, shape, dtype) per tensor,
   for a process on that node to map and read without a copy through this one (vLLM's workers).
-Placement, planning and version bookkeeping live in placement.py, planner.py and versions.py; byte
-movement in transports.py. Plans are cached by (model, devices, layout).
+Owns too: the registered models (spec, placement, chunk layouts), the plan cache (by model,
+devices, layout), the version lifecycle of each write (begin, commit or abort, one write of a model
+at a time) and the leases of reads and manifests. Carrying out a plan and checking shards against
+it is execute.py's; placement, planning and version bookkeeping live in placement.py, planner.py
+and versions.py; byte movement in transports.py.
 """
 from __future__ import annotations
 
@@ -24,51 +27,19 @@ import threading
 import weakref
 from collections import OrderedDict, defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import torch
 
 from pivotrl.config.gps import GPSConfig
 from pivotrl.gps.errors import ShardMismatchError
-from pivotrl.gps.handles import FileManifest, RowWrite
+from pivotrl.gps.execute import check_shards, check_state_dict, execute_read, execute_write
+from pivotrl.gps.handles import FileManifest, ReadResult, RowWrite, StateDict
 from pivotrl.gps.layout import Layout, ModelSpec, validate_layout
 from pivotrl.gps.placement import ChunkLayout, Placement, budget_bytes
 from pivotrl.gps.planner import Device, LinkProfile, Plan, plan_read, plan_write
-from pivotrl.gps.transports import (BufferRef, SliceItem, Transport, box_slices, chunk_view, copy_into, dtype_name,
-                                    make_transport, torch_dtype)
+from pivotrl.gps.transports import BufferRef, Transport, chunk_view, make_transport, torch_dtype
 from pivotrl.gps.versions import VersionTable
-
-StateDict = dict[str, torch.Tensor]
-
-
-@dataclass
-class ReadResult:
-    """The weights of exactly one version: `shards[device][name]`. With `zero_copy`, tensors may be
-    views of GPS memory: the version stays leased until `release()` (or garbage collection of this
-    result). Views stay valid after that (each version has its own mapping, never reused, and the
-    mapping lives as long as a view does), but their memory no longer counts as a live version.
-    `bytes_local`/`bytes_remote`: bytes the plan moved over node-local vs remote routes (the
-    device's node vs the holder's node)."""
-
-    version: int
-    shards: dict[Device, StateDict]
-    bytes_local: int = 0
-    bytes_remote: int = 0
-    _finalizer: Any = field(default=None, repr=False)
-
-    def release(self) -> None:
-        if self._finalizer is not None:
-            self._finalizer()
-
-    def __enter__(self) -> "ReadResult":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.release()
-
-    def __iter__(self):  # `version, shards = store.read(...)`
-        return iter((self.version, self.shards))
 
 
 class GlobalParameterStore:
@@ -115,7 +86,7 @@ class GlobalParameterStore:
                 raise ValueError("register needs model_config or spec")
             spec = ModelSpec.from_config(model_config, dtype=dtype)
         if state_dict is not None:
-            self._check_state_dict(model, spec, state_dict)  # before anything is reserved
+            check_state_dict(model, spec, state_dict)  # before anything is reserved
         self.table.add_model(model, spec, frozen)
         if state_dict is None:
             return None
@@ -189,7 +160,7 @@ class GlobalParameterStore:
         plan = self.plan("read", model, devices, layout)  # raises on bad devices before leasing
         v, bufs = self.table.acquire(model, version)
         try:
-            result = self._execute_read(spec, plan, bufs, chunks, v, zero_copy, out)
+            result = execute_read(self.transport, spec, plan, bufs, chunks, v, zero_copy, out)
         except BaseException:
             self._free(self.table.release(model, v))
             raise
@@ -198,56 +169,6 @@ class GlobalParameterStore:
         else:
             self._free(self.table.release(model, v))
         return result
-
-    def _execute_read(self, spec: ModelSpec, plan: Plan, bufs: dict[int, BufferRef], chunks: list[ChunkLayout], v: int,
-                      zero_copy: bool, out: Mapping[Device, StateDict] | None) -> ReadResult:
-        views = {h: self.transport.local_view(ref) for h, ref in bufs.items()}
-        shards: dict[Device, StateDict] = {}
-        single = defaultdict(int)  # (device, tensor) -> number of transfers
-        if zero_copy:
-            for t in plan.transfers:
-                single[(t.device, t.dst)] += 1
-        for di, dev in enumerate(plan.devices):
-            given = out.get(dev, {}) if out is not None else {}
-            sd: StateDict = {}
-            for lt in plan.tensors[di]:
-                if lt.name in given:
-                    sd[lt.name] = _check_out(given[lt.name], lt.name, lt.shape, lt.dtype)
-                elif not (zero_copy and single[(di, lt.name)] == 1):
-                    sd[lt.name] = torch.empty(lt.shape, dtype=torch_dtype(lt.dtype))
-            shards[dev] = sd
-        res = ReadResult(v, shards)
-        remote: dict[int, list] = defaultdict(list)
-        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (source view, destination view)
-        for t in plan.transfers:
-            dev = plan.devices[t.device]
-            e = chunks[t.chunk].entries[t.src]
-            buf = views.get(t.holder)
-            rel = ((t.src_box[0][0] - e.rows[0], t.src_box[0][1] - e.rows[0]),) + t.src_box[1:]
-            if dev.node == t.holder:
-                res.bytes_local += t.nbytes
-            else:
-                res.bytes_remote += t.nbytes
-            if buf is None:
-                remote[t.holder].append((t, (e.offset, e.shape, spec[t.src].dtype, rel)))
-                continue
-            src = chunk_view(buf, e.offset, e.shape, spec[t.src].dtype)[box_slices(rel)]
-            sd = shards[dev]
-            if t.dst not in sd:  # zero-copy: the device tensor is this one whole slice
-                sd[t.dst] = src
-            else:
-                pairs.append((src, sd[t.dst][box_slices(t.dst_box)]))
-        self.transport.copy_local(pairs)
-        holders = list(remote)
-        fetched = self.transport.read_remote_many([(bufs[h], [it for _, it in remote[h]]) for h in holders])
-        for h, got in zip(holders, fetched):
-            for (t, _), src in zip(remote[h], got):
-                sd = shards[plan.devices[t.device]]
-                if t.dst not in sd:  # zero-copy asked, but the bytes had to cross nodes
-                    sd[t.dst] = src
-                else:
-                    copy_into(sd[t.dst][box_slices(t.dst_box)], src)
-        return res
 
     # -- write --------------------------------------------------------------------------------
     def write(self, model: str, devices: Sequence[Device], layout: Layout,
@@ -276,13 +197,13 @@ class GlobalParameterStore:
             self.table.begin_write(model)  # raises FrozenModelError with the model's name
         validate_layout(spec, layout)
         plan = self.plan("write", model, devices, layout)
-        self._check_shards(model, plan, shards)
+        check_shards(model, plan, shards)
         return plan
 
     def _write_full(self, model: str, state_dict: Mapping[str, torch.Tensor], initial: bool) -> int:
         dev = Device(0, 0)
         plan = self.plan("write", model, [dev], Layout())
-        self._check_shards(model, plan, {dev: state_dict})
+        check_shards(model, plan, {dev: state_dict})
         return self._commit(model, plan, {dev: state_dict}, initial=initial)
 
     def load_state_dict(self, model: str, state_dict: Mapping[str, torch.Tensor]) -> int:
@@ -295,31 +216,12 @@ class GlobalParameterStore:
 
     def _commit(self, model: str, plan: Plan, shards: Mapping[Device, Mapping[str, torch.Tensor]],
                 initial: bool) -> int:
-        spec, placement, _, chunks = self._model(model)
+        spec, _, _, chunks = self._model(model)
         with self._write_locks[model]:
             v = self.table.begin_write(model, initial=initial)
-            bufs: dict[int, BufferRef] = {}
+            bufs = self._allocate_version(model, v)
             try:
-                safe = re.sub(r"[^A-Za-z0-9_.-]", "_", model)
-                for n in range(self.num_nodes):
-                    bufs[n] = self.transport.allocate(n, f"{safe}-v{v}-n{n}", chunks[placement.chunk_of(n)].nbytes)
-                views = {n: self.transport.local_view(ref) for n, ref in bufs.items()}
-                remote: dict[int, list] = defaultdict(list)
-                pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-                for t in plan.transfers:
-                    e = chunks[t.chunk].entries[t.src]
-                    rel = ((t.src_box[0][0] - e.rows[0], t.src_box[0][1] - e.rows[0]),) + t.src_box[1:]
-                    src = shards[plan.devices[t.device]][t.dst][box_slices(t.dst_box)]
-                    item: SliceItem = (e.offset, e.shape, spec[t.src].dtype, rel)
-                    if views[t.holder] is None:
-                        remote[t.holder].append((item, src))
-                    else:
-                        pairs.append((src, chunk_view(views[t.holder], e.offset, e.shape, item[2])[box_slices(rel)]))
-                self.transport.copy_local(pairs)
-                del pairs
-                self.transport.write_remote_many([(bufs[h], [i for i, _ in ps], [s for _, s in ps])
-                                                  for h, ps in remote.items()])
-                del views
+                execute_write(self.transport, spec, plan, bufs, chunks, shards)
                 dead = self.table.commit(model, v, bufs)
             except BaseException:
                 self.table.abort(model, v)
@@ -332,26 +234,32 @@ class GlobalParameterStore:
     def begin_row_write(self, model: str) -> RowWrite:
         """Open a new, invisible version of `model` for `write_rows` from any process that holds
         this store (pickled); finish with `commit_row_write` or `abort_row_write` here."""
-        spec, placement, frozen, chunks = self._model(model)
+        frozen = self._model(model)[2]
         if frozen:
             self.table.begin_write(model)  # raises FrozenModelError with the model's name
         lock = self._write_locks[model]
         lock.acquire()
         try:
             v = self.table.begin_write(model)
-            bufs: dict[int, BufferRef] = {}
-            try:
-                safe = re.sub(r"[^A-Za-z0-9_.-]", "_", model)
-                for n in range(self.num_nodes):
-                    bufs[n] = self.transport.allocate(n, f"{safe}-v{v}-n{n}", chunks[placement.chunk_of(n)].nbytes)
-            except BaseException:
-                self.table.abort(model, v)
-                self._free(list(bufs.values()))
-                raise
+            bufs = self._allocate_version(model, v)
         except BaseException:
             lock.release()
             raise
         return RowWrite(model, v, bufs)
+
+    def _allocate_version(self, model: str, v: int) -> dict[int, BufferRef]:
+        """Every node's buffer of the new version `v` (begun); on failure `v` is aborted."""
+        _, placement, _, chunks = self._model(model)
+        bufs: dict[int, BufferRef] = {}
+        try:
+            safe = re.sub(r"[^A-Za-z0-9_.-]", "_", model)
+            for n in range(self.num_nodes):
+                bufs[n] = self.transport.allocate(n, f"{safe}-v{v}-n{n}", chunks[placement.chunk_of(n)].nbytes)
+        except BaseException:
+            self.table.abort(model, v)
+            self._free(list(bufs.values()))
+            raise
+        return bufs
 
     def write_rows(self, w: RowWrite, name: str, row_start: int, tensor: torch.Tensor) -> int:
         """Copy `tensor` as rows `[row_start, row_start + len(tensor))` of stored tensor `name`
@@ -441,19 +349,6 @@ class GlobalParameterStore:
         man.hold_lease(_release, self.table, self.transport, model, v)
         return man
 
-    # -- validation ---------------------------------------------------------------------------
-    def _check_state_dict(self, model: str, spec: ModelSpec, sd: Mapping[str, torch.Tensor]) -> None:
-        plan_tensors = [(t.name, t.shape, t.dtype) for t in spec.tensors]
-        _match(f"{model} (device {Device(0, 0)})", plan_tensors, sd)
-
-    def _check_shards(self, model: str, plan: Plan, shards: Mapping[Device, Mapping[str, torch.Tensor]]) -> None:
-        want = set(plan.devices)
-        if set(shards) != want:
-            missing, extra = sorted(want - set(shards)), sorted(set(shards) - want)
-            raise ShardMismatchError(f"write to {model!r}: devices missing {missing}, unexpected {extra}")
-        for di, dev in enumerate(plan.devices):
-            _match(f"{model} (device {dev})", [(lt.name, lt.shape, lt.dtype) for lt in plan.tensors[di]], shards[dev])
-
     # -- memory -------------------------------------------------------------------------------
     def resident_bytes(self) -> int:
         """Bytes of node buffers held by this process's transport (all nodes for `shm`)."""
@@ -481,26 +376,4 @@ def _release(table: Any, transport: Transport, model: str, v: int) -> None:
         transport.free(r)
 
 
-def _check_out(x: torch.Tensor, name: str, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
-    if tuple(x.shape) != shape or dtype_name(x.dtype) != dtype:
-        raise ShardMismatchError(f"out tensor {name}: got {tuple(x.shape)} {dtype_name(x.dtype)}, want {shape} {dtype}")
-    return x
-
-
-def _match(where: str, expected: list[tuple[str, tuple[int, ...], str]], got: Mapping[str, torch.Tensor]) -> None:
-    names = {n for n, _, _ in expected}
-    if set(got) != names:
-        missing, extra = sorted(names - set(got)), sorted(set(got) - names)
-        raise ShardMismatchError(f"{where}: tensor names differ: missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-                                 f"unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}")
-    for n, shape, dt in expected:
-        x = got[n]
-        if not isinstance(x, torch.Tensor):
-            raise ShardMismatchError(f"{where}: {n} is a {type(x).__name__}, not a torch.Tensor")
-        if tuple(x.shape) != shape:
-            raise ShardMismatchError(f"{where}: {n} has shape {tuple(x.shape)}, expected {shape}")
-        if dtype_name(x.dtype) != dt:
-            raise ShardMismatchError(f"{where}: {n} has dtype {dtype_name(x.dtype)}, expected {dt}")
-
-
-__all__ = ["FileManifest", "GlobalParameterStore", "ReadResult", "RowWrite", "StateDict"]
+__all__ = ["GlobalParameterStore"]

@@ -14,6 +14,10 @@ Public API:
     cached_entry(entry, build, force=False) -> bool   (the atomic cache write; also the derived stages')
     CLI: python -m pivotrl.models.bootstrap [--policy-steps N] [--genrm-steps N] [--genrm-arch A]
          [--moe-steps N] [--dtype D] [--force] ...
+         python -m pivotrl.models.bootstrap --ship   (rebuild the copy that ships, `shipped.py`)
+
+The default recipe's entry (and the stages in `shipped.SHIPPED_STAGES`) ships with the package: a
+fresh cache copies it instead of training it (`shipped.py` says why and how it is rebuilt).
 
 The Qwen3-MoE GenRM (`genrm_arch=qwen3_moe`) and folders in bf16 (`dtype=bfloat16`) are derived
 stages of this cache entry, built from it without changing its key (`bootstrap_derived.py`).
@@ -113,23 +117,44 @@ def _build(cfg: BootstrapConfig, d: DataConfig, out: Path, progress: bool) -> di
 
 
 def bootstrap(cfg: BootstrapConfig | None = None, data: DataConfig | None = None, force: bool = False,
-              progress: bool = True) -> BootstrapResult:
+              progress: bool = True, shipped: bool = True) -> BootstrapResult:
     """Return the cached bootstrap for `cfg` on the synthetic task of `data`, building it first if
     absent (or if `force`). The cache is `cfg.cache_dir` (null: `$PIVOTRL_CACHE` or
-    `~/.cache/pivotrl`). With `cfg.genrm_arch=qwen3_moe` or another `cfg.dtype`, the folders
-    returned are derived stages of the dense entry (`pivotrl.models.bootstrap_derived`); `cached`
-    is then whether every stage was."""
+    `~/.cache/pivotrl`). An absent entry that ships with the package (`pivotrl.models.shipped`:
+    the default recipe) is copied from there instead of built, unless `shipped=False` or `force`.
+    With `cfg.genrm_arch=qwen3_moe` or another `cfg.dtype`, the folders returned are derived
+    stages of the dense entry (`pivotrl.models.bootstrap_derived`); `cached` is then whether every
+    stage was."""
+    from pivotrl.models.shipped import twin
+
     cfg = cfg or BootstrapConfig()
     data = data or DataConfig()
     root = Path(cfg.cache_dir) if cfg.cache_dir is not None else default_cache_dir()
     entry = root / "bootstrap" / cache_key(cfg, data)
-    cached = cached_entry(entry, lambda tmp: _build(cfg, data, tmp, progress), force)
+    seed = (lambda e: twin(e, root)) if shipped else (lambda e: None)
+    cached = cached_entry(entry, lambda tmp: _build(cfg, data, tmp, progress), force, seed=seed(entry))
     report = json.loads((entry / "report.json").read_text())
     res = BootstrapResult(entry / "policy", entry / "genrm", entry / "data" / "train.parquet",
                           entry / "data" / "val.parquet", report, cached)
     from pivotrl.models.bootstrap_derived import derive  # the MoE GenRM and dtype stages
 
-    return derive(res, cfg, data, force=force, progress=progress)
+    return derive(res, cfg, data, force=force, progress=progress, seed=seed)
+
+
+def ship(progress: bool = True) -> dict:
+    """Rebuild the default bootstrap and `shipped.SHIPPED_STAGES` in a temporary cache (trained,
+    never copied from the shipped folder) and make the package's shipped folder hold exactly them;
+    returns the dense report."""
+    import tempfile
+
+    from pivotrl.models.shipped import SHIPPED_STAGES, write_shipped
+
+    with tempfile.TemporaryDirectory(prefix="pivotrl-ship-") as tmp:
+        dense = bootstrap(BootstrapConfig(cache_dir=tmp), DataConfig(), progress=progress, shipped=False)
+        stages = [bootstrap(BootstrapConfig(cache_dir=tmp, **over), DataConfig(), progress=progress,
+                            shipped=False).genrm_path.parent for over in SHIPPED_STAGES]
+        write_shipped(dense.policy_path.parent, stages)
+        return dense.report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,7 +172,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--moe-steps", type=int, default=None, help="SFT steps of the upcycled MoE GenRM")
     p.add_argument("--dtype", default=None, help="float32 (default) or bfloat16: dtype of the folders")
     p.add_argument("--json", type=Path, default=None, help="also write the report here")
+    p.add_argument("--ship", action="store_true",
+                   help="rebuild the bootstrap that ships with the package (pivotrl/models/bootstrap_shipped/: "
+                        "the default recipe and its shipped stages, built afresh) and replace it; other options "
+                        "are refused with it")
     a = p.parse_args(argv)
+    if a.ship:
+        if any(v not in (None, False) for k, v in vars(a).items() if k not in ("ship", "json")):
+            p.error("--ship rebuilds the default recipe: it takes no other option but --json")
+        from pivotrl.models.shipped import SHIPPED
+
+        r = ship(progress=True)
+        print(f"shipped bootstrap rebuilt into {SHIPPED}: policy val accuracy sampled(T=1) "
+              f"{r['policy_val_accuracy_sampled_t1']:.3f}, greedy {r['policy_val_accuracy_greedy']:.3f}; "
+              f"GenRM AUC {r['genrm_on_policy_samples']['auc']:.3f}")
+        if a.json:
+            a.json.write_text(json.dumps(r, indent=2))
+        return 0
     over = {k: v for k, v in {"policy_steps": a.policy_steps, "genrm_steps": a.genrm_steps,
                               "policy_label_noise": a.label_noise, "lr": a.lr, "batch_size": a.batch_size,
                               "seed": a.seed, "num_threads": a.threads, "genrm_arch": a.genrm_arch,

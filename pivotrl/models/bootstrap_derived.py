@@ -48,7 +48,7 @@ def stage_key(blob: dict) -> str:
     return hashlib.sha256(json.dumps({"v": DERIVED_VERSION, **blob}, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _policy_samples(dense: BootstrapResult, cfg: BootstrapConfig, data: DataConfig):
+def policy_samples(dense: BootstrapResult, cfg: BootstrapConfig, data: DataConfig):
     """The held-out prompts and the dense policy's sampled (T=1) responses the dense report judged."""
     policy, tok = load_tiny_model(dense.policy_path, "float32")
     val = load_examples(dense.val_path, limit=min(REPORT_VAL_ROWS, data.val_size))
@@ -68,7 +68,7 @@ def _build_moe(dense: BootstrapResult, cfg: BootstrapConfig, data: DataConfig, o
                  "score:", cfg.genrm_score_weight)
     sft_s = time.perf_counter() - t0
     save_model_folder(moe, out / "genrm", "float32", tokenizer=tok)
-    val, responses, acc = _policy_samples(dense, cfg, data)
+    val, responses, acc = policy_samples(dense, cfg, data)
     served, stok = load_tiny_model(out / "genrm", "float32")
     report = {"stage": "qwen3_moe", **cfg.moe_key_fields(), "sft_seconds": sft_s,
               "final_loss": sum(losses[-10:]) / max(1, len(losses[-10:])),
@@ -85,7 +85,7 @@ def _build_cast(dense: BootstrapResult, genrm_src: Path, cfg: BootstrapConfig, d
     for role, src in (("policy", dense.policy_path), ("genrm", genrm_src)):
         model, tok = load_tiny_model(src)
         save_model_folder(model, out / role, cfg.dtype, tokenizer=tok)
-    val, responses, acc = _policy_samples(dense, cfg, data)
+    val, responses, acc = policy_samples(dense, cfg, data)
     served, stok = load_tiny_model(out / "genrm", cfg.dtype)
     report = {"stage": cfg.dtype, "dtype": cfg.dtype, "source_genrm": str(genrm_src),
               "policy_samples_accuracy": acc,
@@ -96,9 +96,11 @@ def _build_cast(dense: BootstrapResult, genrm_src: Path, cfg: BootstrapConfig, d
 
 
 def derive(dense: BootstrapResult, cfg: BootstrapConfig, data: DataConfig, force: bool = False,
-           progress: bool = True) -> BootstrapResult:
+           progress: bool = True, seed=lambda entry: None) -> BootstrapResult:
     """The folders `cfg` asks for, made from the dense entry `dense` by the stages `cfg` needs
-    (none: `dense` itself). `force` rebuilds the stages."""
+    (none: `dense` itself). `force` rebuilds the stages. `seed(entry)` is the shipped twin of a
+    stage's cache entry, or None (`pivotrl.models.shipped`): a twin is copied instead of built,
+    and a stage that only feeds a later one that is cached or shipped is not made at all."""
     root, dense_key = dense.policy_path.parent, dense.policy_path.parent.name
     genrm, genrm_dtype, source = dense.genrm_path, cfg.genrm.dtype, "dense"
     policy = dense.policy_path
@@ -115,8 +117,11 @@ def derive(dense: BootstrapResult, cfg: BootstrapConfig, data: DataConfig, force
         src = genrm
         stages.append((cfg.dtype, entry, lambda tmp: _build_cast(dense, src, cfg, data, tmp)))
         policy, genrm = entry / "policy", entry / "genrm"
+    if not force:  # the last stage already there (or shipped): the ones feeding it are not needed
+        have = [i for i, (_, e, _) in enumerate(stages) if (e / "report.json").is_file() or seed(e) is not None]
+        stages = stages[have[-1]:] if have and have[-1] == len(stages) - 1 else stages
     for name, entry, build in stages:
-        cached = cached_entry(entry, build, force) and cached
+        cached = cached_entry(entry, build, force, seed=seed(entry)) and cached
         stage = json.loads((entry / "report.json").read_text())
         report["stages"][name] = {**stage, "path": str(entry)}
         report["genrm_on_policy_samples"] = stage["genrm_on_policy_samples"]

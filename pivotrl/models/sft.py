@@ -205,18 +205,23 @@ def _remove_stale_tmp(folder: Path) -> None:
             continue
 
 
-def cached_entry(entry: Path, build, force: bool = False) -> bool:
+def cached_entry(entry: Path, build, force: bool = False, seed: Path | None = None) -> bool:
     """Make the cache entry folder `entry` with `build(tmp_folder)` unless it holds a `report.json`
-    already (or `force`); return whether it was cached. Atomic: built in a tmp folder next to the
-    entry and renamed into place; tmp folders of killed builds are removed first. One builder at a
-    time: a second process asking for the same entry waits for the first (a lock file beside it)
-    and then reuses what it built."""
+    already (or `force`); return whether it was cached. A `seed` folder holding a `report.json`
+    (the entry as shipped with the package, `pivotrl.models.shipped`) is copied instead of
+    building, and counts as cached. Atomic: built (or copied) in a tmp folder next to the entry and
+    renamed into place; tmp folders of killed builds are removed first. One builder at a time: a
+    second process asking for the same entry waits for the first (a lock file beside it) and then
+    reuses what it built."""
     if (entry / "report.json").is_file() and not force:
         return True
     entry.parent.mkdir(parents=True, exist_ok=True)
     with open(entry.parent / f".{entry.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (also if this process dies)
         if (entry / "report.json").is_file() and not force:
+            return True
+        if seed is not None and (seed / "report.json").is_file() and not force:
+            _build_entry(entry, lambda tmp: shutil.copytree(seed, tmp, dirs_exist_ok=True), force)
             return True
         return _build_entry(entry, build, force)
 

@@ -40,7 +40,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from pivotrl.core.scheduler import Move
+from pivotrl.core.dispatch import Move
 from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
 from pivotrl.runtime.device import spawn_device
 from pivotrl.runtime.faults import point

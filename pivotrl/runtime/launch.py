@@ -58,7 +58,7 @@ class Launch:
 
     def _find_checkpoint(self) -> None:
         """`train.resume=true`: continue from the newest complete checkpoint in the run folder."""
-        from pivotrl.engines.cpu_engine import load_hf_model
+        from pivotrl.engines.hf_model import load_hf_model
         from pivotrl.trainer.trainer_checkpoint import latest_checkpoint
 
         ck = latest_checkpoint(self.checkpoint_dir)

@@ -7,9 +7,9 @@ File map:
   trainer_checkpoint.py  checkpoints (Hugging Face folder + sharded state + RNG), written in the
                          background; complete only once `trainer_state.json` is written
   model_init.py          building the sharded policy (meta-device init, rank-0 broadcast load)
-  logprobs.py            chunked log-probs / entropy (no [B, L, V] float32 logits)
+  logprobs.py            response log-probs / entropy of a batch, chunked (no [B, L, V] float32 logits)
   batching.py            micro-batches by count or by padded tokens (dynamic batch size)
-  offload.py             reused (pinned) host buffers for offload; CUDA allocator flush
+  offload.py             offload/reload of device storages via reused (pinned) host buffers; CUDA flush
   memory.py              peak training memory per rank by arithmetic; check_fits (pure Python)
   dist.py                process groups and devices of the ranks
 

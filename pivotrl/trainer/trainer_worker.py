@@ -14,8 +14,9 @@ Batch semantics are documented on `pivotrl.trainer.trainer.TrainBatch`; the step
 lives in `pivotrl.rl.advantages` and `pivotrl.rl.losses`. CPU and GPU differ only in `device` and
 the collective backend (gloo or NCCL). Checkpoints (`trainer_checkpoint.py`) need a folder every
 rank can see. The memory-sane parts live beside it: `model_init.py` (meta-device init, rank-0
-load), `logprobs.py` (chunked log-probs), `batching.py` (token micro-batches), `offload.py`
-(reused host buffers, allocator flush); `weight_sync.publish_shards` writes a rank's shards to GPS.
+load), `logprobs.py` (the response tokens' log-probs, chunked or not), `batching.py` (token
+micro-batches), `offload.py` (device storages to reused host buffers and back, allocator flush);
+`weight_sync.publish_shards` writes a rank's shards to GPS.
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ import math
 import os
 import random
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +35,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from pivotrl.config.trainer import TrainerConfig
 from pivotrl.trainer import trainer_checkpoint
 from pivotrl.trainer.batching import plan_micro_batches
-from pivotrl.trainer.logprobs import HiddenStateHead, chunked_log_probs, response_rows
+from pivotrl.trainer.logprobs import padded_rows, token_log_probs
 from pivotrl.trainer.model_init import build_sharded_model
-from pivotrl.trainer.offload import HostStash, release_cached_device_memory
+from pivotrl.trainer.offload import StorageOffload
 # Re-exported: Ray actors import the batch type and the group launcher from here with the worker.
 from pivotrl.trainer.dist import resolve_device
 from pivotrl.trainer.train_batch import TrainBatch
@@ -93,9 +93,7 @@ class TrainerWorker:
 
         self.version = 0  # policy version the current parameters represent; +1 per update
         self.counters = {"steps": 0, "samples_trained": 0, "samples_rejected_stale": 0, "tokens_trained": 0}
-        self._offloaded: list[tuple[torch.UntypedStorage, torch.Tensor]] | None = None
-        # Host copies for offload, allocated (pinned on CUDA) on the first offload and reused.
-        self._stash = HostStash(pin=self.device.type == "cuda")
+        self._offload = StorageOffload(self.device)
         # Asynchronous checkpoint writes, at most one in flight (`trainer_checkpoint.Checkpointer`).
         self._checkpoints = trainer_checkpoint.Checkpointer(timeout_s=cfg.timeout_s)
 
@@ -121,80 +119,10 @@ class TrainerWorker:
         return plan_micro_batches(indices, self.world_size, self.rank, micro_batch_size=self.cfg.micro_batch_size,
                                   max_tokens=self.cfg.micro_batch_tokens, lengths=lengths)
 
-    def _token_log_probs(
-        self, model: torch.nn.Module, batch: TrainBatch, idx: list[int], entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Log-probs `[B, R]` of each response token under `model`, the 0/1 mask `[B, R]` and,
-        if asked, the policy's entropy at each response position (detached, for monitoring).
-
-        Sequences are right-padded and run without an attention mask: causal attention means pad
-        tokens after a sequence never influence its own positions, and positions stay 0..L-1."""
-        prompts = [batch.prompt_ids[i] for i in idx]
-        resps = [batch.response_ids[i] for i in idx]
-        lens = [len(p) + len(r) for p, r in zip(prompts, resps)]
-        L, R = max(lens), max(1, max(len(r) for r in resps))
-        ids = torch.zeros(len(idx), L, dtype=torch.long)
-        pos = torch.zeros(len(idx), R, dtype=torch.long)
-        mask = torch.zeros(len(idx), R)
-        for b, (p, r) in enumerate(zip(prompts, resps)):
-            ids[b, : len(p) + len(r)] = torch.tensor(p + r, dtype=torch.long)
-            # Response token j sits at len(p)+j and is predicted by the logits at len(p)+j-1.
-            pos[b] = (len(p) - 1 + torch.arange(R)).clamp(max=L - 2 if L > 1 else 0)
-            mask[b, : len(r)] = 1.0
-        ids, pos, mask = ids.to(self.device), pos.to(self.device), mask.to(self.device)
-        if self.cfg.logprob_chunk_tokens > 0:
-            return self._chunked_token_log_probs(model, ids, [len(p) for p in prompts], [len(r) for r in resps],
-                                                 R, mask, entropy)
-        logits = model(input_ids=ids, use_cache=False).logits  # [B, L, V]
-        sel = logits.gather(1, pos[..., None].expand(-1, -1, logits.shape[-1]))  # [B, R, V]
-        logp_all = torch.log_softmax(sel.float() / self.cfg.logprob_temperature, dim=-1)
-        targets = ids.gather(1, (pos + 1).clamp(max=L - 1))
-        logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)
-        ent = None
-        if entropy:
-            with torch.no_grad():
-                ent = -(logp_all.exp() * logp_all).sum(-1) * mask
-        return logp * mask, mask, ent
-
-    def _chunked_token_log_probs(self, model: torch.nn.Module, ids: torch.Tensor, plens: list[int], rlens: list[int],
-                                 R: int, mask: torch.Tensor, entropy: bool
-                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """`_token_log_probs` without `[B, L, V]` logits: the model returns its final hidden
-        states (`HiddenStateHead`), the response rows are picked out (pad and prompt positions
-        dropped) and `chunked_log_probs` runs the head and log-softmax `logprob_chunk_tokens`
-        rows at a time. Same values as the full-logits path up to float rounding."""
-        head = model.get_output_embeddings()
-        if not isinstance(head, HiddenStateHead):
-            raise RuntimeError("chunked log-probs need the HiddenStateHead installed at build time")
-        head.pass_hidden = True
-        try:
-            with warnings.catch_warnings():
-                # The root returns a view (HF slices the hidden states before the head); nothing
-                # below modifies it in place, which is what FSDP2's warning is about.
-                warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
-                hidden = model(input_ids=ids, use_cache=False).logits  # [B, L, H]: the head passed it through
-            weight, bias = head.live_weight, head.live_bias
-        finally:
-            head.pass_hidden = False
-            head.release()
-        B, L, H = hidden.shape
-        src, tgt = response_rows(plens, rlens, L)
-        src, tgt = src.to(self.device), tgt.to(self.device)
-        logp_flat, ent_flat = chunked_log_probs(
-            hidden.reshape(B * L, H)[src], weight, bias, ids.reshape(-1)[tgt],
-            chunk_tokens=self.cfg.logprob_chunk_tokens, temperature=self.cfg.logprob_temperature, entropy=entropy)
-        dst = torch.cat([b * R + torch.arange(r) for b, r in enumerate(rlens)]).to(self.device)
-        logp = torch.zeros(B * R, device=self.device).index_put((dst,), logp_flat).view(B, R)
-        ent = None
-        if entropy:
-            ent = torch.zeros(B * R, device=self.device).index_put((dst,), ent_flat).view(B, R)
-        return logp, mask, ent
-
-    def _padded(self, rows: list[list[float]], R: int) -> torch.Tensor:
-        out = torch.zeros(len(rows), R)
-        for b, r in enumerate(rows):
-            out[b, : len(r)] = torch.tensor(r, dtype=torch.float32)
-        return out.to(self.device)
+    def _token_log_probs(self, model: torch.nn.Module, batch: TrainBatch, idx: list[int], entropy: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        return token_log_probs(model, batch, idx, self.device, temperature=self.cfg.logprob_temperature,
+                               chunk_tokens=self.cfg.logprob_chunk_tokens, entropy=entropy)
 
     # --------------------------------------------------------------------------------- step
     def step(self, batch: TrainBatch) -> dict[str, float]:
@@ -354,7 +282,7 @@ class TrainerWorker:
             old = (
                 logp.detach()
                 if batch.old_log_probs is None
-                else self._padded([batch.old_log_probs[i] for i in idx], logp.shape[1])
+                else padded_rows([batch.old_log_probs[i] for i in idx], logp.shape[1], self.device)
             )
             ref = None
             if self.ref_model is not None:
@@ -362,7 +290,7 @@ class TrainerWorker:
                     ref, _, _ = self._token_log_probs(self.ref_model, batch, idx)
             adv_t = torch.as_tensor(adv[idx], device=self.device)
             if is_weights is not None:
-                adv_t = adv_t[:, None] * self._padded([is_weights[i].tolist() for i in idx], logp.shape[1])
+                adv_t = adv_t[:, None] * padded_rows([is_weights[i].tolist() for i in idx], logp.shape[1], self.device)
             loss, m = policy_loss(
                 cfg.loss, logp, old, adv_t, mask,
                 clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
@@ -447,57 +375,27 @@ class TrainerWorker:
         bytes), drop FSDP's gathered copies, and empty the CUDA allocator's cache, ahead of a
         role shift. Metrics: bytes, seconds, host buffers newly allocated, cache emptied (0/1).
         A checkpoint write in flight goes on: it reads only its own staged host copy."""
-        if self._offloaded is not None:
+        if self._offload.active:
             return {"offloaded_bytes": 0.0, "offload_s": 0.0, "host_allocations": 0.0, "cache_emptied": 0.0}
         t0 = time.perf_counter()
         for model in (self.model, self.ref_model):
             if model is not None:
                 model.reshard()  # no-grad forwards leave the root's parameters gathered
-        pin = self._stash.pin
-        allocs0 = self._stash.allocations
-        saved: list[tuple[torch.UntypedStorage, torch.Tensor]] = []
-        seen: set[int] = set()
-        for key, t in self.offloadable():
-            s = t.untyped_storage()
-            if s.nbytes() == 0 or s.data_ptr() in seen:
-                continue
-            seen.add(s.data_ptr())
-            raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(s)  # the whole storage as bytes
-            host = self._stash.buffer(key, s.nbytes())
-            host.copy_(raw, non_blocking=pin)
-            saved.append((s, host))
-        if pin:
-            torch.cuda.synchronize(self.device)
-        for s, _ in saved:
-            s.resize_(0)
-        self._offloaded = saved
-        emptied = release_cached_device_memory(self.device)
-        return {"offloaded_bytes": float(sum(h.numel() for _, h in saved)), "offload_s": time.perf_counter() - t0,
-                "host_allocations": float(self._stash.allocations - allocs0), "cache_emptied": float(emptied)}
+        out = self._offload.offload(self.offloadable())
+        out["offload_s"] = time.perf_counter() - t0
+        return out
 
     def reload(self) -> dict[str, float]:
         """Reallocate the freed device storages and copy the host copies back, bit for bit. The
         host buffers stay allocated for the next offload."""
-        if self._offloaded is None:
-            return {"reloaded_bytes": 0.0, "reload_s": 0.0}
-        t0 = time.perf_counter()
-        total = 0
-        for s, host in self._offloaded:
-            s.resize_(host.numel())
-            raw = torch.empty(0, dtype=torch.uint8, device=s.device).set_(s)
-            raw.copy_(host, non_blocking=host.is_pinned())
-            total += host.numel()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self._offloaded = None
-        return {"reloaded_bytes": float(total), "reload_s": time.perf_counter() - t0}
+        return self._offload.reload()
 
     @property
     def offloaded(self) -> bool:
-        return self._offloaded is not None
+        return self._offload.active
 
     def _require_loaded(self, what: str) -> None:
-        if self._offloaded is not None:
+        if self._offload.active:
             raise RuntimeError(f"trainer state is offloaded to host memory; call reload() before {what}()")
 
     # -------------------------------------------------------------------------- checkpoints

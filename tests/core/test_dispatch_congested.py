@@ -80,5 +80,5 @@ def test_the_length_index_stays_bounded_over_a_long_run():
         s.dispatch()
         for i in range(50):
             s.finish(step * 50 + i)
-    assert s.queued() == 0 and len(s._lens) <= 2 * 50 + 64 + 1
+    assert s.queued() == 0 and len(s._queue.lens) <= 2 * 50 + 64 + 1
     s.check_invariants()

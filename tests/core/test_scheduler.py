@@ -1,7 +1,8 @@
 """ShiftAwareScheduler: dispatch by gain under KV capacity, abort with tokens, Alg. 3/4 migration."""
 import pytest
 
-from pivotrl.core.scheduler import Move, ShiftAwareScheduler
+from pivotrl.core.dispatch import Move
+from pivotrl.core.scheduler import ShiftAwareScheduler
 from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import Role, Sequence
 

@@ -102,7 +102,7 @@ def test_abort_with_tokens_resume_elsewhere_and_shift(cluster, model_path):
     -> rollout, reusing its preserved engine the second time."""
     import torch
 
-    from pivotrl.engines.cpu_engine import load_hf_model
+    from pivotrl.engines.hf_model import load_hf_model
 
     d0, d1 = spawn_device(cluster, 0), spawn_device(cluster, 1)
     try:
