@@ -14,7 +14,8 @@ Workloads (what each benchmark ran; E where a sibling benchmark of the same seri
   --random-range-ratio 1` (the command of the sibling PR #5849, E): 100 requests, Poisson arrivals
   at 10/s, fixed input/output lengths; output tok/s = output tokens / the benchmark's duration,
   prefill included. SGLang's default memory share by TP (0.88 at TP1, 0.85 at TP4:
-  `server_args.py`), decode in CUDA graphs, prefill chunks of 8,192 tokens run eagerly.
+  `server_args.py`), decode in CUDA graphs, prefill eagerly (in chunks whose GPU work hides the
+  launches: `cudagraph=decode_only`).
 - V4 (alibaba/InferSim README): 4 GPUs, DP-attention + EP4, 100 sequences per GPU at 4,096 input
   tokens, 2,048 decode steps, decode only (TPOT 36 ms).
 - V5 (Qwen speed benchmark, SGLang 0.4.6.post1): one sequence, 2,048 generated tokens.
@@ -46,7 +47,6 @@ from artifact.common import RESULTS
 
 TOLERANCE = (0.8, 1.25)  # calibration §7: every row within this band
 SGLANG_MEM = {1: 0.88, 2: 0.87, 4: 0.85, 8: 0.81}  # SGLang server_args: mem_fraction_static by tp
-SGLANG_CHUNK = 8192  # SGLang chunked_prefill_size on large-memory GPUs
 MAMBA_FULL_RATIO = 0.9  # SGLang --mamba-full-memory-ratio default (state : KV memory)
 
 
@@ -157,8 +157,7 @@ def simulate_row(row: Row, spec, hw) -> dict[str, float]:
     from pivotrl.sim.timemodel import decode_model, kv_capacity
 
     spec = dataclasses.replace(spec, tp=row.tp)
-    model = decode_model(spec, hw, row.tp, cudagraph="decode_only", max_num_batched_tokens=SGLANG_CHUNK,
-                         attention_dp=row.attention_dp)
+    model = decode_model(spec, hw, row.tp, cudagraph="decode_only", attention_dp=row.attention_dp)
     if row.workload == "decode":  # a fixed batch decoding from its input length on
         n = row.batch * (row.tp if row.attention_dp else 1)
         secs = model.decode_time(n, n * row.isl, row.osl)

@@ -48,9 +48,9 @@ class HardwareProfile:
     d0: float = 1.4e-3
     """Fixed per-iteration overhead of a CUDA-graph iteration, seconds (D0)."""
     eager_layer_s: float = 0.2e-3
-    """Per layer of an iteration run without CUDA graphs: the kernel launches from Python that a
-    graph replays in one go, seconds (`layers * eager_layer_s` replaces D0 for such an iteration);
-    paid per prefill chunk under `models.sim.cudagraph=decode_only`, per iteration under `off`."""
+    """Per layer of a decode iteration run without CUDA graphs (`models.sim.cudagraph=off`): the
+    kernel launches from Python that a graph replays in one go, seconds; `layers * eager_layer_s`
+    replaces D0 for such an iteration."""
     t_moe_layer: float = 50e-6
     """Per MoE layer and iteration: the routing kernels' floor (gating, top-k, token permutation and
     its reverse), seconds; independent of the batch."""

@@ -77,14 +77,12 @@ class SimConfig:
     """Share of device memory an inference engine may use (weights + KV cache): vLLM's
     `gpu_memory_utilization` (its own default 0.9; verl's rollout config sets 0.5, which the paper
     groups use: docs/calibration_sources.md §4)."""
-    max_num_batched_tokens: int = 8192
-    """Tokens one engine iteration processes at most (vLLM's `max_num_batched_tokens`, with chunked
-    prefill): a prefill is cut into chunks of this size, one iteration each."""
     cudagraph: str = "full"
-    """Which engine iterations run as CUDA graphs: `full` (every iteration, the per-iteration cost is
-    `cluster.hardware.d0`), `decode_only` (vLLM's `FULL_DECODE_ONLY`, what verl sets: iterations that
-    carry a prefill chunk run eagerly and pay `layers * cluster.hardware.eager_layer_s` each), or `off`
-    (vLLM's `enforce_eager`: every iteration pays that instead of `cluster.hardware.d0`)."""
+    """Which engine iterations run as CUDA graphs: `full` (every iteration; its fixed cost is
+    `cluster.hardware.d0`), `decode_only` (vLLM's `FULL_DECODE_ONLY`, what verl's rollout sets: an
+    iteration that carries a prefill chunk runs eagerly, but its launches hide behind the chunk's
+    GPU work, so it costs as `full`), or `off` (vLLM's `enforce_eager`, verl's GenRM engine: every
+    decode iteration pays `layers * cluster.hardware.eager_layer_s` instead of `d0`)."""
     reward_cudagraph: str | None = None
     """`cudagraph` of the GenRM's engine; null = the rollout engine's. verl's reward model config sets
     `enforce_eager: true` (`off`): docs/calibration_sources.md §6."""
@@ -185,8 +183,6 @@ class SimConfig:
         check(self.reward_max_num_seqs is None or (isinstance(self.reward_max_num_seqs, int)
                                                    and self.reward_max_num_seqs >= 1),
               "reward_max_num_seqs", "null or an int >= 1", self.reward_max_num_seqs)
-        check(isinstance(self.max_num_batched_tokens, int) and self.max_num_batched_tokens >= 1,
-              "max_num_batched_tokens", "an int >= 1", self.max_num_batched_tokens)
         check(self.pivot_home in PIVOT_HOMES, "pivot_home", " | ".join(PIVOT_HOMES), self.pivot_home)
         check(isinstance(self.sweep_units, int) and self.sweep_units >= 2, "sweep_units", "an int >= 2",
               self.sweep_units)

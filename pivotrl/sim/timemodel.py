@@ -4,7 +4,7 @@ Owns the formulas of calibration.md §3, §5 and §7, and nothing else:
 - decode constants per replica (`tau = A*K + max(B(N), C*N) + D`), with the MoE weight floor, the
   KV heads replicated beyond `kv_heads` devices, the MoE routing floor per layer, hybrid models'
   linear-attention state updates, and the engine's CUDA-graph mode;
-- prefill `P0 + P1*L + P2*L^2` (chunked; eager chunks pay their launch overhead);
+- prefill `P0 + P1*L + P2*L^2`;
 - KV capacity of a replica (HBM share minus weights) and a hybrid model's per-sequence state in KV tokens;
 - training step time from the MFU model;
 - shift-up/down times (weight read from host over PCIe + the paper's measured engine overheads),
@@ -41,7 +41,7 @@ def kv_replication(spec: ModelSpec, tp: int) -> float:
 
 def decode_model(spec: ModelSpec, hw: HardwareProfile, tp: int | None = None,
                  attn_flops: float | None = None, cudagraph: str = "full",
-                 max_num_batched_tokens: int = 8192, attention_dp: bool = False) -> ThroughputModel:
+                 attention_dp: bool = False) -> ThroughputModel:
     """Decode + prefill model of one replica of `spec` on `tp` devices (calibration §3, §7).
 
     A = KV_bytes_per_token * rep / tp / BW_kv      (rep: KV heads replicated at tp > kv_heads)
@@ -51,7 +51,7 @@ def decode_model(spec: ModelSpec, hw: HardwareProfile, tp: int | None = None,
     C = 2 * P_active / tp / F_decode + linear_layers * value_heads / tp * t_linear_decode
     D = D0 (cudagraph=off: layers * t_eager_layer) + moe_layers * t_moe_layer + (tp > 1) * 2 * layers * t_allreduce
     P1 = 2 * P_active / tp / F_prefill + linear_layers * value_heads / tp * t_linear_prefill
-         (+ layers * t_eager_layer / max_num_batched_tokens when prefill chunks run without CUDA graphs)
+         (prefill chunks are GPU-bound: an eager chunk's launches hide behind its work)
     P2 = 2 * attention_layers * attention_dim / tp / F_attn,  P0 = 0 (prefills batch)
 
     fp8 weights (`dtype_bytes` 1) compute at twice the bf16 FLOP/s. `attention_dp`: data-parallel
@@ -70,10 +70,9 @@ def decode_model(spec: ModelSpec, hw: HardwareProfile, tp: int | None = None,
     b_dense = dense_bytes / hw.bw_weights
     b_experts = float(spec.params_total) * expert_share * 2.0 / tp / hw.bw_experts
     linear_heads = arch.linear_layers * arch.linear_value_heads / tp
-    eager_iter = cudagraph == "off"
-    eager_prefill = cudagraph in ("off", "decode_only")
-    eager = spec.layers * hw.eager_layer_s  # one iteration's launches without a graph
-    d0 = eager if eager_iter else hw.d0
+    # an eager decode iteration pays its launches from Python (`layers * eager_layer_s`) instead of
+    # a graph replay's D0: the GPU work of a decode step is too small to hide them
+    d0 = spec.layers * hw.eager_layer_s if cudagraph == "off" else hw.d0
     b = b_dense + b_experts
     return ThroughputModel(
         A=spec.kv_bytes_per_token * kv_replication(spec, tp) / tp / hw.bw_kv,
@@ -82,8 +81,7 @@ def decode_model(spec: ModelSpec, hw: HardwareProfile, tp: int | None = None,
         D=d0 + (spec.layers * hw.t_moe_layer if moe else 0.0)
         + (2.0 * spec.layers * hw.t_allreduce if tp > 1 else 0.0),
         P0=0.0,
-        P1=2.0 * spec.params_active / tp / f_prefill + linear_heads * hw.linear_prefill_s
-        + (eager / max_num_batched_tokens if eager_prefill else 0.0),
+        P1=2.0 * spec.params_active / tp / f_prefill + linear_heads * hw.linear_prefill_s,
         P2=2.0 * (arch.attention_layers or spec.layers) * (arch.attention_dim or spec.hidden) / tp / f_attn,
         moe_floor=(b_dense / b) if moe else None,
         moe_k_over_e=(spec.moe_topk / spec.moe_experts) if moe else 0.0,
@@ -193,8 +191,7 @@ def role_costs(models: ModelsConfig, hw: HardwareProfile, role: Role) -> RoleCos
     sim = models.sim
     cudagraph, max_num_seqs = sim.engine(reward=role == Role.REWARD)
     return RoleCosts(
-        model=decode_model(spec, hw, attn_flops=sim.attn_flops, cudagraph=cudagraph,
-                           max_num_batched_tokens=sim.max_num_batched_tokens),
+        model=decode_model(spec, hw, attn_flops=sim.attn_flops, cudagraph=cudagraph),
         tp=spec.tp,
         kv_capacity=kv_capacity(spec, hw, sim.mem_util),
         max_num_seqs=max_num_seqs,

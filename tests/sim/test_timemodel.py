@@ -135,11 +135,11 @@ def test_expert_weights_stream_at_the_grouped_gemm_rate_and_fp8_at_the_same_para
 def test_eager_iterations_pay_the_launch_overhead(make_cfg):
     spec = make_cfg("models=qwen7b_qwen30b").models.policy
     full = tm.decode_model(spec, HW, cudagraph="full")
-    decode_only = tm.decode_model(spec, HW, cudagraph="decode_only", max_num_batched_tokens=8192)
-    off = tm.decode_model(spec, HW, cudagraph="off", max_num_batched_tokens=8192)
+    decode_only = tm.decode_model(spec, HW, cudagraph="decode_only")
+    off = tm.decode_model(spec, HW, cudagraph="off")
     eager = 28 * HW.eager_layer_s  # Qwen2.5-7B: 28 layers of launches without a graph
-    assert decode_only.D == full.D and off.D == pytest.approx(full.D - HW.d0 + eager)
-    assert decode_only.P1 == pytest.approx(full.P1 + eager / 8192) == off.P1
+    assert off.D == pytest.approx(full.D - HW.d0 + eager)
+    assert decode_only == full and off.P1 == full.P1  # a prefill chunk's launches hide behind its work
     models = make_cfg("models=qwen7b_qwen30b").models
     costs = tm.role_costs(models, HW, Role.ROLLOUT)
     assert costs.model.P1 == pytest.approx(decode_only.P1)  # verl's rollout: decode-only graphs

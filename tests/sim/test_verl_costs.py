@@ -69,7 +69,7 @@ def test_paper_groups_run_verls_engine_settings(make_cfg, group):
     sim, hw = cfg.models.sim, cfg.cluster.hardware
     assert sim.mem_util == 0.5 and sim.max_num_seqs == 256  # verl's rollout defaults
     assert sim.phase_switch == "sleep" and sim.reward_batch_barrier is False
-    assert sim.cudagraph == "decode_only" and sim.max_num_batched_tokens == 8192  # verl's vLLM server
+    assert sim.cudagraph == "decode_only" and sim.engine(reward=True) == ("off", 1024)  # verl's vLLM servers
     setup = SimSetup.from_config(cfg)
     for role, spec in ((Role.ROLLOUT, cfg.models.policy), (Role.REWARD, cfg.models.genrm)):
         free = spec.tp * hw.hbm_bytes * 0.5 - spec.weight_bytes
