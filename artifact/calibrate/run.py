@@ -4,20 +4,25 @@
 `--extra NAME` (fit a constant the committed fit leaves alone), `--trial-grid NAME=V1,V2,...` (fit
 NAME over a grid outside its declared range, e.g. `flops_moe=6e12,9e12,13e12,18e12,25e12,40e12`).
 
-What is fitted (each within a declared physical range, ../shared/calibration.md §4-5):
+What is fitted: only what no measurement fixes, each within a declared physical range
+(../shared/calibration.md §4, §5, §7):
 - once for the hardware (all four groups): `cluster.hardware.mfu`, the training MFU on H20 (range
   0.20-0.50: calibration §5 sweeps 0.25-0.5; issue 11 found 0.22 for the 7b baselines);
-  `cluster.hardware.flops_moe`, the FLOP/s MoE decode and prefill reach on H20 (grouped GEMM
-  25-90 TFLOPS, calibration §3's E row, used only by the groups with a MoE GenRM).
-  `cluster.hardware.flops_dense` is no longer fitted here: verl's own measured generation times on
-  H20 (`artifact.calibrate.verl_gen`, docs/calibration_sources.md §5) allow only the low end of its
-  declared range (40 TFLOPS), so it is set from that measurement in `conf/cluster/sim.yaml`;
+  `cluster.hardware.eager_layer_s`, the per-layer launch overhead of an iteration without CUDA graphs
+  (range 0.05-0.6 ms, E): verl's GenRM engine runs `enforce_eager`, so every judge iteration pays it
+  (docs/calibration_sources.md §6);
 - once per GenRM (GLM-Z1-9B; Qwen3-30B-A3B, shared by the 7b and 32b groups; Qwen3.5-122B-A10B):
-  `models.workload.genrm.median`, the judge's median output length (range 800-5,000 tokens:
-  calibration §4's sweep);
+  `models.workload.genrm.median`, the thinking judge's median output length (range 800-8,000
+  tokens: calibration §7), and once for all judges `models.workload.genrm.sigma` (0.8-1.2, §4/§7);
 - once per group: `models.sim.step_offset`, where in training the measured window sits, which sets
   the policy's mean response length through the group's `response_mean_curve` (range 0-300 RL
   steps: the curve's span).
+
+The engine constants are not fitted: `bw_kv`, `bw_experts`, `bw_weights`, `flops_moe`,
+`flops_prefill`, `t_moe_layer` and the linear-attention kernels are fixed by calibration §7's
+measurements and held there by `artifact.calibrate.engines` (V1-V7); `flops_dense` by verl's own
+measured generation (`artifact.calibrate.verl_gen`). `--extra` / `--trial-grid` can still vary them
+in a trial that is never written.
 
 Against: the three baselines (colocated, disaggregated, rr_colocated) of each group at the paper's
 Table 4 allocations, read from Fig. 9 (`artifact/expected/fig9.json`): 12 values, of which 1.5b's
@@ -57,7 +62,8 @@ MOE_GROUPS = {"qwen7b_qwen30b", "qwen32b_qwen30b", "qwen72b_qwen122b"}  # GenRM 
 @dataclass(frozen=True)
 class Constant:
     """One fitted constant: its config key, declared range, grid, and scope (what shares a value:
-    `hardware` = every group, `genrm` = groups with the same GenRM, `group` = one group)."""
+    `hardware` = every group, `genrm` = groups with the same GenRM, `judges` = every GenRM,
+    `group` = one group)."""
 
     name: str
     key: str
@@ -71,24 +77,27 @@ class Constant:
 
 CONSTANTS = [
     Constant("mfu", "cluster.hardware.mfu", 0.20, 0.50, (0.20, 0.26, 0.33, 0.41, 0.50), 0.35, "hardware"),
-    Constant("flops_moe", "cluster.hardware.flops_moe", 25e12, 90e12, (25e12, 40e12, 55e12, 70e12, 90e12),
-             70e12, "hardware", frozenset(MOE_GROUPS)),
-    Constant("genrm_median", "models.workload.genrm.median", 800.0, 5000.0, (800.0, 1500.0, 2500.0, 3500.0, 5000.0),
-             2000.0, "genrm"),
+    Constant("eager_layer_s", "cluster.hardware.eager_layer_s", 0.05e-3, 0.6e-3, (0.05e-3, 0.15e-3, 0.3e-3, 0.6e-3),
+             0.2e-3, "hardware"),
+    Constant("genrm_median", "models.workload.genrm.median", 800.0, 8000.0, (800.0, 1600.0, 3000.0, 5000.0, 8000.0),
+             3000.0, "genrm"),
+    Constant("genrm_sigma", "models.workload.genrm.sigma", 0.8, 1.2, (0.8, 1.0, 1.2), 1.0, "judges"),
     Constant("step_offset", "models.sim.step_offset", 0.0, 300.0, (0.0, 75.0, 150.0, 225.0, 300.0), 0.0, "group"),
 ]
-OPTIONAL = {  # --extra NAME: constants not in the committed fit, for a trial fit
+OPTIONAL = {  # --extra NAME: constants a measurement fixes, varied in a trial only (never written)
     "flops_dense": Constant("flops_dense", "cluster.hardware.flops_dense", 40e12, 130e12,
-                            (40e12, 60e12, 80e12, 100e12, 120e12), 40e12, "hardware"),  # fitted until s12
+                            (40e12, 60e12, 80e12, 100e12, 120e12), 40e12, "hardware"),  # verl_gen (s12)
+    "flops_moe": Constant("flops_moe", "cluster.hardware.flops_moe", 25e12, 90e12, (25e12, 40e12, 55e12, 70e12, 90e12),
+                          40e12, "hardware", frozenset(MOE_GROUPS)),  # calibration §7 V4 (engines.py)
     "d0": Constant("d0", "cluster.hardware.d0", 1.4e-3, 20e-3, (1.4e-3, 5e-3, 10e-3, 15e-3, 20e-3), 1.4e-3,
-                   "hardware"),  # per-iteration engine overhead: verl's rollout runs vLLM eager (no CUDA graphs)
+                   "hardware"),
 }
 BY_NAME = {c.name: c for c in [*CONSTANTS, *OPTIONAL.values()]}
 EXPECTED = ROOT / "artifact" / "expected" / "fig9.json"
 
 
 def scope_key(c: Constant, group: str) -> str:
-    return {"hardware": "H20", "genrm": GENRM_OF[group], "group": group}[c.scope]
+    return {"hardware": "H20", "genrm": GENRM_OF[group], "judges": "all judges", "group": group}[c.scope]
 
 
 def paper_baselines() -> dict[str, dict[str, Any]]:
@@ -96,23 +105,27 @@ def paper_baselines() -> dict[str, dict[str, Any]]:
             for g, d in json.loads(EXPECTED.read_text())["tokens_per_s"].items()}
 
 
-def overrides(group: str, mode: str, values: dict[str, float]) -> list[str]:
+# --quick: the fit's machinery on a small batch (3 steps of 16 prompts x 4), seconds per simulation
+QUICK_RUN = ["train.steps=3", "train.prompts_per_step=16", "train.group_size=4"]
+
+
+def overrides(group: str, mode: str, values: dict[str, float], extra: tuple[str, ...] = ()) -> list[str]:
     ov = ["experiment=fig9", f"models={group}", f"deploy={mode}", "logging.wandb_mode=disabled",
-          "logging.progress=false"]
+          "logging.progress=false", *extra]
     for name, v in values.items():
         c = BY_NAME[name]
         ov.append(f"{c.key}={int(v) if name == 'step_offset' else v}")
     return ov
 
 
-def simulate_one(args: tuple[str, str, tuple[tuple[str, float], ...]]) -> float:
+def simulate_one(args: tuple[str, str, tuple[tuple[str, float], ...], tuple[str, ...]]) -> float:
     """Throughput of one baseline at its Table 4 allocation (worker entry)."""
     from pivotrl.bench.sim import load_config
     from pivotrl.sim.runtime import simulate
     from pivotrl.sim.sweep import paper_allocation
 
-    group, mode, values = args
-    cfg = load_config(overrides(group, mode, dict(values)))
+    group, mode, values, extra = args
+    cfg = load_config(overrides(group, mode, dict(values), extra))
     alloc = paper_allocation(cfg) if mode != "colocated" else {}
     return float(simulate(cfg, alloc)["throughput_tokens_per_s"])
 
@@ -133,8 +146,8 @@ def group_loss(sim: dict[str, float], paper: dict[str, Any]) -> tuple[float, dic
 class Fitter:
     """Coordinate descent over `CONSTANTS`, every simulation cached by its exact settings."""
 
-    def __init__(self, out: Path, jobs: int, groups: list[str]) -> None:
-        self.out, self.jobs, self.groups = out, jobs, groups
+    def __init__(self, out: Path, jobs: int, groups: list[str], extra: tuple[str, ...] = ()) -> None:
+        self.out, self.jobs, self.groups, self.extra = out, jobs, groups, tuple(extra)
         self.paper = paper_baselines()
         self.cache_path = out / "cache.json"
         self.cache: dict[str, float] = json.loads(self.cache_path.read_text()) if self.cache_path.exists() else {}
@@ -158,7 +171,7 @@ class Fitter:
             from pivotrl.sim.sweep import config_hash
 
             fixed = {c.name: c.start for c in CONSTANTS}
-            self._model_keys[(group, mode)] = config_hash(load_config(overrides(group, mode, fixed)))
+            self._model_keys[(group, mode)] = config_hash(load_config(overrides(group, mode, fixed, self.extra)))
         return self._model_keys[(group, mode)]
 
     def throughputs(self, points: list[tuple[str, tuple]]) -> dict[tuple, dict[str, float]]:
@@ -168,11 +181,11 @@ class Fitter:
         if todo:
             if self.jobs > 1:
                 with ProcessPoolExecutor(self.jobs) as pool:
-                    for a, r in zip(todo, pool.map(simulate_one, todo)):
+                    for a, r in zip(todo, pool.map(simulate_one, [(*a, self.extra) for a in todo])):
                         self.cache[key(*a)] = r
             else:
                 for a in todo:
-                    self.cache[key(*a)] = simulate_one(a)
+                    self.cache[key(*a)] = simulate_one((*a, self.extra))
             self.evals += len(todo)
             self.cache_path.write_text(json.dumps(self.cache, indent=0))
         return {(g, v): {m: self.cache[key(g, m, v)] for m in BASELINES} for g, v in points}
@@ -229,14 +242,17 @@ def write_yaml(fit: Fitter, rows: list[dict[str, Any]]) -> list[Path]:
     note = "fitted to Fig. 9 baselines (artifact/calibrate; sim/paper at Table 4:"
     P = fit.params
     written = []
+    sigma = P["genrm_sigma"]["all judges"]
     for g in fit.groups:
         path = ROOT / "conf" / "models" / f"{g}.yaml"
         text = path.read_text()
         med = int(P["genrm_median"][GENRM_OF[g]])
         off = int(P["step_offset"][g])
-        text = _set_line(text, r"^  genrm: \{median: [0-9.]+,(.*?)\}.*$",
-                         f"  genrm: {{median: {med},\\1}}   # E, {note} {resid[g]}); range 800-5K (calibration §4); "
-                         f"shared by every group with this GenRM; sigma 0.8 E, cap 20K = paper §8.1", path)
+        text = _set_line(text, r"^  genrm: \{median: [0-9.]+,.*$",
+                         f"  genrm: {{median: {med}, sigma: {sigma:g}, max_len: 20480}}   # E, {note} {resid[g]}); "
+                         f"median range 800-8K (calibration §7: thinking judges), shared by every group with this "
+                         f"GenRM; sigma range 0.8-1.2 (calibration §4, §7), one for every judge; cap 20K = paper §8.1",
+                         path)
         text = _set_line(text, r"^  step_offset: .*$",
                          f"  step_offset: {off}   # E, {note} {resid[g]}); range 0-300 steps "
                          f"(the response_mean_curve span)", path)
@@ -245,12 +261,11 @@ def write_yaml(fit: Fitter, rows: list[dict[str, Any]]) -> list[Path]:
     path = ROOT / "conf" / "cluster" / "sim.yaml"
     allres = "; ".join(f"{g}: {resid[g]}" for g in fit.groups)
     text = path.read_text()
-    for name in ("mfu", "flops_moe"):
+    shown = {"mfu": lambda v: f"{v:.3g}", "eager_layer_s": lambda v: f"{v * 1e3:.3g}e-3"}
+    for name, fmt in shown.items():
         c = BY_NAME[name]
-        v = P[name]["H20"]
-        shown = f"{v:.3g}" if name == "mfu" else f"{v / 1e12:.1f}e+12"
         text = _set_line(text, rf"^  {name}: .*$",
-                         f"  {name}: {shown}   # E, {note} {allres}); range {c.lo:g}-{c.hi:g}", path)
+                         f"  {name}: {fmt(P[name]['H20'])}   # E, {note} {allres}); range {c.lo:g}-{c.hi:g}", path)
     path.write_text(text)
     written.append(path)
     return written
@@ -260,14 +275,14 @@ def trial_constant(item: str) -> Constant:
     """`NAME=V1,V2,...` (`--trial-grid`): the fitted constant NAME over that grid, its range the
     grid's span (a trial outside the declared range: never written to conf/)."""
     name, _, vals = item.partition("=")
-    c = next((c for c in CONSTANTS if c.name == name), None)
+    c = BY_NAME.get(name)
     try:
         grid = tuple(sorted(float(v) for v in vals.split(",")))
     except ValueError:
         grid = ()
     if c is None or not grid:
         raise ValueError(f"--trial-grid {item!r}: expected NAME=V1,V2,... with NAME one of "
-                         f"{', '.join(x.name for x in CONSTANTS)}")
+                         f"{', '.join(BY_NAME)}")
     return dataclasses.replace(c, lo=grid[0], hi=grid[-1], grid=grid, start=min(max(c.start, grid[0]), grid[-1]))
 
 
@@ -283,8 +298,11 @@ def main(argv=None) -> int:
     p.add_argument("--trial-grid", nargs="*", default=[], metavar="NAME=V1,V2,...",
                    help="a trial outside a constant's declared range: fit NAME over this grid (its range "
                         "becomes the grid's span; --write refuses it)")
-    p.add_argument("--quick", action="store_true", help="one group, one round on a 3-point grid (seconds)")
+    p.add_argument("--quick", action="store_true",
+                   help="one group, one round on 3-point grids, a small batch (about a minute; never --write)")
     args = p.parse_args(argv)
+    if args.quick and args.write:
+        p.error("--quick fits on a small batch: its values are not the paper's; run without --write")
     if args.extra and args.write:
         p.error("--extra constants have no yaml line to write: run the trial without --write")
     if args.trial_grid and args.write:
@@ -299,12 +317,17 @@ def main(argv=None) -> int:
     if args.quick:  # one group, one round, the grid's ends and middle
         args.groups, args.rounds = ["qwen1.5b_glm9b"], 1
         for i, c in enumerate(CONSTANTS):
-            CONSTANTS[i] = dataclasses.replace(c, grid=(c.grid[0], c.grid[2], c.grid[-1]))
+            CONSTANTS[i] = dataclasses.replace(c, grid=(c.grid[0], c.grid[len(c.grid) // 2], c.grid[-1]))
     CONSTANTS.extend(OPTIONAL[name] for name in args.extra)
     for c in trials:
-        CONSTANTS[[x.name for x in CONSTANTS].index(c.name)] = BY_NAME[c.name] = c
+        names = [x.name for x in CONSTANTS]
+        if c.name in names:
+            CONSTANTS[names.index(c.name)] = c
+        else:
+            CONSTANTS.append(c)
+        BY_NAME[c.name] = c
     t0 = time.perf_counter()
-    fit = Fitter(args.out, args.jobs, args.groups)
+    fit = Fitter(args.out, args.jobs, args.groups, tuple(QUICK_RUN) if args.quick else ())
     fit.fit(args.rounds)
     rows = fit.report()
     write_csv(rows, args.out / "calibrate.csv")

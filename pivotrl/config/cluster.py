@@ -30,16 +30,35 @@ class HardwareProfile:
     """Accelerator name."""
     peak_flops: float = 148e12
     """Dense BF16 peak FLOP/s (spec sheet)."""
-    bw_weights: float = 1.4e12
-    """Effective weight-streaming bandwidth at decode, bytes/s (BW_w)."""
-    bw_kv: float = 1.8e12
-    """Effective KV-cache read bandwidth at decode, bytes/s (BW_kv)."""
-    flops_dense: float = 110e12
-    """Achieved dense GEMM FLOP/s at decode (F dense)."""
-    flops_moe: float = 70e12
-    """Achieved MoE grouped-GEMM FLOP/s (F MoE)."""
+    bw_weights: float = 1.42e12
+    """Effective streaming rate of dense (non-expert) weights at decode, bytes/s (BW_w)."""
+    bw_experts: float = 3.0e12
+    """Streaming rate of a MoE model's routed-expert weights at decode (grouped GEMM), in bf16-equivalent
+    bytes/s: the kernels move parameters at one rate whatever their storage type, so fp8 experts
+    stream at half this byte rate (`pivotrl/sim/timemodel.py`)."""
+    bw_kv: float = 3.0e12
+    """Effective KV-cache read bandwidth of decode attention, bytes/s (BW_kv)."""
+    flops_dense: float = 40e12
+    """Achieved FLOP/s of a dense model's per-sequence decode work (F dense: the `C*N` term)."""
+    flops_moe: float = 40e12
+    """Achieved FLOP/s of a MoE model's per-sequence decode work (F MoE: the `C*N` term)."""
+    flops_prefill: float = 120e12
+    """Achieved FLOP/s of prefill (large, compute-bound GEMMs; bf16; fp8 models twice this)."""
     d0: float = 1.4e-3
-    """Fixed per-iteration overhead, seconds (D0)."""
+    """Fixed per-iteration overhead of a CUDA-graph iteration, seconds (D0)."""
+    eager_layer_s: float = 0.2e-3
+    """Per layer of a decode iteration run without CUDA graphs (`models.sim.cudagraph=off`): the
+    kernel launches from Python that a graph replays in one go, seconds; `layers * eager_layer_s`
+    replaces D0 for such an iteration."""
+    t_moe_layer: float = 50e-6
+    """Per MoE layer and iteration: the routing kernels' floor (gating, top-k, token permutation and
+    its reverse), seconds; independent of the batch."""
+    linear_decode_s: float = 0.296e-6
+    """Linear-attention (Gated DeltaNet) decode: state update per sequence, per value head on the
+    device, per linear layer, seconds (a fixed-size recurrent state, read and written each step)."""
+    linear_prefill_s: float = 0.0334e-6
+    """Linear-attention (Gated DeltaNet) chunked prefill per token, per value head on the device, per
+    linear layer, seconds."""
     t_allreduce: float = 20e-6
     """One all-reduce at tp > 1, seconds."""
     hbm_bytes: float = 96e9
@@ -53,10 +72,13 @@ class HardwareProfile:
     """Training model-FLOPs utilisation."""
 
     def __post_init__(self) -> None:
-        for name in ("peak_flops", "bw_weights", "bw_kv", "flops_dense", "flops_moe", "d0", "t_allreduce",
-                     "hbm_bytes", "host_to_device_bw", "inter_node_bw", "mfu"):
+        for name in ("peak_flops", "bw_weights", "bw_experts", "bw_kv", "flops_dense", "flops_moe", "flops_prefill",
+                     "d0", "eager_layer_s", "t_allreduce", "hbm_bytes", "host_to_device_bw", "inter_node_bw", "mfu"):
             v = getattr(self, name)
             check(finite(v) and v > 0, name, "a finite number > 0", v)
+        for name in ("t_moe_layer", "linear_decode_s", "linear_prefill_s"):
+            v = getattr(self, name)
+            check(finite(v) and v >= 0, name, "a finite number >= 0", v)
         check(self.mfu <= 1, "mfu", "in (0, 1]", self.mfu)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from pivotrl.config.base import MISSING, check
 from pivotrl.config.rl import BootstrapConfig, ChatConfig, JudgeConfig
-from pivotrl.config.sim import PaperAllocation, SimConfig
+from pivotrl.config.sim import ModelArch, PaperAllocation, SimConfig
 
 
 def _power_of_two(x: int) -> bool:
@@ -49,6 +49,8 @@ class ModelSpec:
     """Experts per token (0 for dense)."""
     moe_expert_fraction: float = 0.0
     """Fraction of weights in routed experts (MoE weight floor, calibration.md §3)."""
+    arch: ModelArch = field(default_factory=ModelArch)
+    """Shape details the simulated engine's costs need (KV heads, hybrid linear-attention layers)."""
     dtype_bytes: int = 2
     """Bytes per weight (bf16 = 2)."""
     shift_up_base_s: float = 2.0
@@ -126,4 +128,4 @@ class ModelsConfig:
         check(isinstance(self.devices, int) and self.devices >= 1, "devices", "an int >= 1", self.devices)
 
 
-__all__ = ["LengthDist", "ModelSpec", "ModelsConfig", "PaperAllocation", "SimConfig", "WorkloadConfig"]
+__all__ = ["LengthDist", "ModelArch", "ModelSpec", "ModelsConfig", "PaperAllocation", "SimConfig", "WorkloadConfig"]

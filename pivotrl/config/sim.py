@@ -24,9 +24,42 @@ PLANNER_TABLE_BYTES = 4  # int32 entries of the planner's Alg. 1 choice table (p
 BATCH_SAMPLE_BYTES = 1024
 
 
-#: `models.sim.phase_switch` and `models.sim.pivot_home` values.
+#: `models.sim.phase_switch`, `models.sim.pivot_home` and `models.sim.cudagraph` values.
 PHASE_SWITCHES = ("shift", "sleep")
 PIVOT_HOMES = ("paper", "sweep")
+CUDAGRAPH_MODES = ("full", "decode_only", "off")
+
+
+@dataclass
+class ModelArch:
+    """Shape details of a model that its engine's costs depend on beyond `ModelSpec`'s totals (sim
+    only; `models.<role>.arch`). Zeros mean "as a plain decoder": every layer has full attention
+    with `hidden`-wide queries and no head is replicated."""
+
+    kv_heads: int = 0
+    """KV heads of a full-attention layer. Tensor parallelism splits heads, so at `tp > kv_heads`
+    each device keeps a whole head and the KV cache is replicated `tp / kv_heads` times (vLLM and
+    SGLang both do this); 0 = never replicated."""
+    attention_layers: int = 0
+    """Layers with full (quadratic) attention and a KV cache; 0 = all `layers`. `kv_bytes_per_token`
+    counts these layers only."""
+    attention_dim: int = 0
+    """Query heads x head_dim of those layers (prefill's L^2 attention FLOPs); 0 = `hidden`."""
+    linear_layers: int = 0
+    """Linear-attention (Gated DeltaNet) layers: a fixed recurrent state per sequence instead of a KV
+    cache."""
+    linear_value_heads: int = 0
+    """Value heads of a linear-attention layer (its kernels' unit of work; split by tensor parallelism)."""
+    linear_state_bytes: float = 0.0
+    """Recurrent state of one sequence over all linear layers, bytes (SSM state + convolution state,
+    at the engine's state dtype): held for every running sequence."""
+
+    def __post_init__(self) -> None:
+        for name in ("kv_heads", "attention_layers", "attention_dim", "linear_layers", "linear_value_heads"):
+            v = getattr(self, name)
+            check(isinstance(v, int) and v >= 0, name, "an int >= 0", v)
+        check(finite(self.linear_state_bytes) and self.linear_state_bytes >= 0, "linear_state_bytes",
+              "a finite number >= 0", self.linear_state_bytes)
 
 
 @dataclass
@@ -49,6 +82,17 @@ class SimConfig:
     """Share of device memory an inference engine may use (weights + KV cache): vLLM's
     `gpu_memory_utilization` (its own default 0.9; verl's rollout config sets 0.5, which the paper
     groups use: docs/calibration_sources.md §4)."""
+    cudagraph: str = "full"
+    """Which engine iterations run as CUDA graphs: `full` (every iteration; its fixed cost is
+    `cluster.hardware.d0`), `decode_only` (vLLM's `FULL_DECODE_ONLY`, what verl's rollout sets: an
+    iteration that carries a prefill chunk runs eagerly, but its launches hide behind the chunk's
+    GPU work, so it costs as `full`), or `off` (vLLM's `enforce_eager`, verl's GenRM engine: every
+    decode iteration pays `layers * cluster.hardware.eager_layer_s` instead of `d0`)."""
+    reward_cudagraph: str | None = None
+    """`cudagraph` of the GenRM's engine; null = the rollout engine's. verl's reward model config sets
+    `enforce_eager: true` (`off`): docs/calibration_sources.md §6."""
+    reward_max_num_seqs: int | None = None
+    """`max_num_seqs` of the GenRM's engine; null = `max_num_seqs` (verl's reward model config: 1024)."""
     kv_reserve_tokens: int = 0
     """KV tokens a scheduler keeps free on a replica when admitting a sequence (growth headroom)."""
     max_num_seqs: int = 256
@@ -108,6 +152,13 @@ class SimConfig:
     paper_allocation: PaperAllocation = field(default_factory=PaperAllocation)
     """Paper Table 4 allocations (reported beside the swept best)."""
 
+    def engine(self, reward: bool) -> tuple[str, int]:
+        """(cudagraph, max_num_seqs) of the rollout engine, or with `reward` of the GenRM's."""
+        if not reward:
+            return self.cudagraph, self.max_num_seqs
+        return (self.reward_cudagraph or self.cudagraph,
+                self.reward_max_num_seqs if self.reward_max_num_seqs is not None else self.max_num_seqs)
+
     def max_devices(self, min_tp: int = 1) -> int:
         """Most simulated devices `memory_budget_gib` holds: the planner's table has up to
         (devices / min_tp) rows of (devices + 1) int32 entries."""
@@ -150,6 +201,12 @@ class SimConfig:
               "a finite number > 0", self.memory_budget_gib)
         check(finite(self.mem_util) and 0.0 < self.mem_util <= 1.0, "mem_util", "in (0, 1]", self.mem_util)
         check(self.phase_switch in PHASE_SWITCHES, "phase_switch", " | ".join(PHASE_SWITCHES), self.phase_switch)
+        check(self.cudagraph in CUDAGRAPH_MODES, "cudagraph", " | ".join(CUDAGRAPH_MODES), self.cudagraph)
+        check(self.reward_cudagraph is None or self.reward_cudagraph in CUDAGRAPH_MODES, "reward_cudagraph",
+              "null | " + " | ".join(CUDAGRAPH_MODES), self.reward_cudagraph)
+        check(self.reward_max_num_seqs is None or (isinstance(self.reward_max_num_seqs, int)
+                                                   and self.reward_max_num_seqs >= 1),
+              "reward_max_num_seqs", "null or an int >= 1", self.reward_max_num_seqs)
         check(self.pivot_home in PIVOT_HOMES, "pivot_home", " | ".join(PIVOT_HOMES), self.pivot_home)
         check(isinstance(self.sweep_units, int) and self.sweep_units >= 2, "sweep_units", "an int >= 2",
               self.sweep_units)

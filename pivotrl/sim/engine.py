@@ -22,6 +22,10 @@ after another; a sequence removed before its prefill ran takes its unfinished pr
 Concurrency cap. At most `max_num_seqs` sequences run at once (vLLM's `max_num_seqs`); the
 scheduler admits no more, and any extra waits inside the engine like a preempted one.
 
+Hybrid models. A linear-attention model's sequence also holds a fixed recurrent state from the same
+memory pool (vLLM's hybrid KV cache manager pages it like KV blocks): `seq_tokens` counts it as that
+many KV tokens for every running sequence, in K (its read each step) and against the capacity.
+
 KV capacity. The scheduler admits by current lengths, so running sequences can outgrow the KV
 cache. Like vLLM's recompute preemption, the replica then pauses its most recently started sequence
 (tokens kept, engine-internal: the control plane is not told) and resumes paused ones, oldest first,
@@ -55,7 +59,7 @@ class SimReplica:
 
     def __init__(self, replica_id: str, model: ThroughputModel, tp: int, now: float,
                  low_threshold: float = 0.0, kv_capacity: float = math.inf,
-                 max_num_seqs: int | None = None) -> None:
+                 max_num_seqs: int | None = None, seq_tokens: int = 0) -> None:
         self.replica_id = replica_id
         self.model = model
         self.tp = tp
@@ -66,6 +70,7 @@ class SimReplica:
         self.runs: dict[int, _Run] = {}
         self.kv_capacity = float(kv_capacity)
         self.max_num_seqs = max_num_seqs  # vLLM's cap on running sequences (None = none)
+        self.seq_tokens = seq_tokens  # a running sequence's fixed state, in KV tokens (hybrid models)
         self.paused: dict[int, tuple[int, int, int]] = {}  # preempted: seq -> (prompt, generated, target)
         self.preemptions = 0
         self._order = 0
@@ -177,7 +182,8 @@ class SimReplica:
         while self.paused:
             sid = next(iter(self.paused))
             prompt, gen, target = self.paused[sid]
-            if self.n and (self.k + prompt + gen > 0.95 * self.kv_capacity or not self._slot_free()):
+            if self.n and (self.k + prompt + gen + self.seq_tokens > 0.95 * self.kv_capacity
+                           or not self._slot_free()):
                 break
             del self.paused[sid]
             self.add(sid, prompt, gen, target, self.model.prefill_time(prompt + gen))
@@ -187,7 +193,7 @@ class SimReplica:
         """Start a sequence (after `advance(now)`): prefill stalls decode for `prefill_s`."""
         if seq_id in self.runs or seq_id in self.paused:
             raise RuntimeError(f"seq {seq_id} is already on {self.replica_id}")
-        length = prompt_len + generated
+        length = prompt_len + generated + self.seq_tokens
         if self.n and (self.k + length > self.kv_capacity or not self._slot_free()):  # waits inside
             self.paused[seq_id] = (prompt_len, generated, target)
             self.epoch += 1

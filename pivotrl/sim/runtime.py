@@ -260,7 +260,7 @@ class SimDriver:
                 c = self.s.costs[s.role]
                 self.replicas[s.slot_id] = SimReplica(s.slot_id, c.model, c.tp, self.t,
                                                       LOW_FRACTION * self.peak[s.role], c.kv_capacity,
-                                                      self.cfg.models.sim.max_num_seqs)
+                                                      c.max_num_seqs, c.seq_tokens)
                 self.role_of[s.slot_id] = s.role
                 caps[s.slot_id] = c.kv_capacity
         return ShiftDone(self.t, plan=plan, kv_capacity=caps, seconds=(down_s, up_s), progress=self._snapshot())

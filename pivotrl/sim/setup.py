@@ -53,6 +53,6 @@ class SimSetup:
             staleness=res.staleness, allocation=self.allocation, planner=res.planner,
             kv_reserve=m.sim.kv_reserve_tokens,
             kv_capacity={r: c.kv_capacity for r, c in self.costs.items()},
-            max_num_seqs={r: m.sim.max_num_seqs for r in INFERENCE_ROLES},
+            max_num_seqs={r: c.max_num_seqs for r, c in self.costs.items()},
             batch_barrier=bool(m.sim.rollout_batch_barrier),
             reward_batch_barrier=bool(m.sim.reward_batch_barrier) and res.mode == "disaggregated")

@@ -24,7 +24,7 @@ from pivotrl.config import PivotConfig
 from pivotrl.config.resolve import resolve
 from pivotrl.core.types import Role
 
-CACHE_VERSION = "sim-sweep-v9"  # bump when the simulator's behaviour changes
+CACHE_VERSION = "sim-sweep-v10"  # bump when the simulator's behaviour changes
 
 
 def default_cache_dir() -> Path:

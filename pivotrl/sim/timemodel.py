@@ -1,12 +1,17 @@
 """Time models of the simulated cluster, derived from model shapes and the hardware profile.
 
-Owns the formulas of calibration.md §3 and §5, and nothing else:
-- decode constants per replica (`tau = A*K + max(B(N), C*N) + D`), with the MoE weight floor;
+Owns the formulas of calibration.md §3, §5 and §7, and nothing else:
+- decode constants per replica (`tau = A*K + max(B(N), C*N) + D`), with the MoE weight floor, the
+  KV heads replicated beyond `kv_heads` devices, the MoE routing floor per layer, hybrid models'
+  linear-attention state updates, and the engine's CUDA-graph mode;
 - prefill `P0 + P1*L + P2*L^2`;
-- KV capacity of a replica (HBM share minus weights);
+- KV capacity of a replica (HBM share minus weights) and a hybrid model's per-sequence state in KV tokens;
 - training step time from the MFU model;
 - shift-up/down times (weight read from host over PCIe + the paper's measured engine overheads),
   the phased modes' sleep/wake swap (weights only), training shift times, and weight publish time.
+
+This model is held to published H20 serving measurements (calibration §7, rows V1-V7) by
+`python -m artifact.calibrate.engines`, which runs these very functions on each row's workload.
 
 The decode clock itself is core's `ThroughputModel` (`decode_time`, `iter_time`): the simulator and
 the control plane share one formula, and this module only fills in its constants. Every constant
@@ -24,44 +29,84 @@ from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import Role
 
 
-def decode_model(spec: ModelSpec, hw: HardwareProfile, tp: int | None = None,
-                 attn_flops: float | None = None) -> ThroughputModel:
-    """Decode + prefill model of one replica of `spec` on `tp` devices (calibration §3).
+FP8_SPEEDUP = 2.0  # Hopper's fp8 dense peak is twice its bf16 one (H20: 296 vs 148 TFLOPS, spec sheet)
 
-    A = KV_bytes_per_token / tp / BW_kv
-    B = weight_bytes / tp / BW_w            (all weights; MoE: scaled by the touched share, below)
-    C = 2 * P_active / tp / F               (F = MoE grouped GEMM FLOP/s for MoE models)
-    D = D0 + (tp > 1) * 2 * layers * t_allreduce
-    P1 = 2 * P_active / tp / F,  P2 = 2 * layers * d_model / tp / F_attn,  P0 = 0 (prefills batch)
-    MoE: B(N) = B * (f + (1-f)*(1-(1-k/E)^N)) with f = 1 - moe_expert_fraction (core's form, equal
-    to calibration's `(W_dense + W_experts*(1-(1-k/E)^N)) / tp / BW_w`).
+
+def kv_replication(spec: ModelSpec, tp: int) -> float:
+    """How many times a replica of `tp` devices stores each KV head: tensor parallelism splits heads,
+    so beyond `kv_heads` devices every device keeps one whole head (vLLM, SGLang)."""
+    kv_heads = spec.arch.kv_heads
+    return max(1.0, tp / kv_heads) if kv_heads else 1.0
+
+
+def decode_model(spec: ModelSpec, hw: HardwareProfile, tp: int | None = None,
+                 attn_flops: float | None = None, cudagraph: str = "full",
+                 attention_dp: bool = False) -> ThroughputModel:
+    """Decode + prefill model of one replica of `spec` on `tp` devices (calibration §3, §7).
+
+    A = KV_bytes_per_token * rep / tp / BW_kv      (rep: KV heads replicated at tp > kv_heads)
+    B = W_dense / tp / BW_w + W_experts_bf16 / tp / BW_experts, the experts' share scaled by the
+        touched fraction `1 - (1 - k/E)^N` (core's MoE floor form, `moe_floor` = the dense share
+        of B); experts stream at one parameter rate whatever their storage type
+    C = 2 * P_active / tp / F_decode + linear_layers * value_heads / tp * t_linear_decode
+    D = D0 (cudagraph=off: layers * t_eager_layer) + moe_layers * t_moe_layer + (tp > 1) * 2 * layers * t_allreduce
+    P1 = 2 * P_active / tp / F_prefill + linear_layers * value_heads / tp * t_linear_prefill
+         (prefill chunks are GPU-bound: an eager chunk's launches hide behind its work)
+    P2 = 2 * attention_layers * attention_dim / tp / F_attn,  P0 = 0 (prefills batch)
+
+    fp8 weights (`dtype_bytes` 1) compute at twice the bf16 FLOP/s. `attention_dp`: data-parallel
+    attention with expert parallelism across the `tp` devices (SGLang's DP-attention): the dense
+    weights are replicated on every device instead of split, everything else is as with TP.
     """
     tp = spec.tp if tp is None else tp
+    arch = spec.arch
     moe = spec.moe_experts > 0 and spec.moe_topk > 0
-    flops = hw.flops_moe if moe else hw.flops_dense
-    f_attn = attn_flops if attn_flops else hw.flops_dense
+    speed = FP8_SPEEDUP if spec.dtype_bytes == 1 else 1.0
+    f_decode = (hw.flops_moe if moe else hw.flops_dense) * speed
+    f_prefill = hw.flops_prefill * speed
+    f_attn = (attn_flops if attn_flops else hw.flops_prefill) * speed
+    expert_share = spec.moe_expert_fraction if moe else 0.0
+    dense_bytes = spec.weight_bytes * (1.0 - expert_share) / (1 if attention_dp else tp)
+    b_dense = dense_bytes / hw.bw_weights
+    b_experts = float(spec.params_total) * expert_share * 2.0 / tp / hw.bw_experts
+    linear_heads = arch.linear_layers * arch.linear_value_heads / tp
+    # an eager decode iteration pays its launches from Python (`layers * eager_layer_s`) instead of
+    # a graph replay's D0: the GPU work of a decode step is too small to hide them
+    d0 = spec.layers * hw.eager_layer_s if cudagraph == "off" else hw.d0
+    b = b_dense + b_experts
     return ThroughputModel(
-        A=spec.kv_bytes_per_token / tp / hw.bw_kv,
-        B=spec.weight_bytes / tp / hw.bw_weights,
-        C=2.0 * spec.params_active / tp / flops,
-        D=hw.d0 + (2.0 * spec.layers * hw.t_allreduce if tp > 1 else 0.0),
+        A=spec.kv_bytes_per_token * kv_replication(spec, tp) / tp / hw.bw_kv,
+        B=b,
+        C=2.0 * spec.params_active / tp / f_decode + linear_heads * hw.linear_decode_s,
+        D=d0 + (spec.layers * hw.t_moe_layer if moe else 0.0)
+        + (2.0 * spec.layers * hw.t_allreduce if tp > 1 else 0.0),
         P0=0.0,
-        P1=2.0 * spec.params_active / tp / flops,
-        P2=2.0 * spec.layers * spec.hidden / tp / f_attn,
-        moe_floor=(1.0 - spec.moe_expert_fraction) if moe else None,
+        P1=2.0 * spec.params_active / tp / f_prefill + linear_heads * hw.linear_prefill_s,
+        P2=2.0 * (arch.attention_layers or spec.layers) * (arch.attention_dim or spec.hidden) / tp / f_attn,
+        moe_floor=(b_dense / b) if moe else None,
         moe_k_over_e=(spec.moe_topk / spec.moe_experts) if moe else 0.0,
     )
 
 
 def kv_capacity(spec: ModelSpec, hw: HardwareProfile, mem_util: float, tp: int | None = None) -> int:
-    """KV-cache tokens one replica holds: `(tp*HBM*mem_util - weights) / KV_bytes_per_token`."""
+    """KV-cache tokens one replica holds: `(tp*HBM*mem_util - weights) / (KV_bytes_per_token * rep)`:
+    replicated KV heads (`kv_replication`) take their space."""
     tp = spec.tp if tp is None else tp
     free = tp * hw.hbm_bytes * mem_util - spec.weight_bytes
     if free <= 0:
         raise ValueError(
             f"model {spec.name} ({spec.weight_bytes / 1e9:.1f} GB) does not fit on tp={tp} x "
             f"{hw.hbm_bytes / 1e9:.0f} GB at mem_util={mem_util}: raise models.*.tp")
-    return int(free // spec.kv_bytes_per_token)
+    return int(free // (spec.kv_bytes_per_token * kv_replication(spec, tp)))
+
+
+def state_tokens(spec: ModelSpec, tp: int | None = None) -> int:
+    """A hybrid model's per-sequence recurrent state in KV tokens of the same replica (vLLM pages the
+    state from the KV pool): `linear_state_bytes / (KV_bytes_per_token * rep)`, 0 for other models."""
+    tp = spec.tp if tp is None else tp
+    if spec.arch.linear_state_bytes <= 0:
+        return 0
+    return math.ceil(spec.arch.linear_state_bytes / (spec.kv_bytes_per_token * kv_replication(spec, tp)))
 
 
 def training_time(policy: ModelSpec, hw: HardwareProfile, sim: SimConfig, tokens: int, gpus: int) -> float:
@@ -114,6 +159,10 @@ class RoleCosts:
     shift_down_s: float
     swap_s: float = 0.0
     """One direction of a sleep/wake swap (`swap_time`), for the phased modes' `phase_switch: sleep`."""
+    max_num_seqs: int | None = None
+    """Sequences one replica runs at once (its engine's `max_num_seqs`); None = no cap."""
+    seq_tokens: int = 0
+    """A running sequence's fixed linear-attention state, in KV tokens (`state_tokens`)."""
 
     def peak_per_device(self, context: float) -> float:
         """Best tokens/s per device: the max over N (within KV capacity) of T(N, N*context)/tp,
@@ -139,10 +188,14 @@ def role_costs(models: ModelsConfig, hw: HardwareProfile, role: Role) -> RoleCos
         spec = models.genrm
     else:
         raise ValueError(f"role_costs is for inference roles (rollout, reward), got {role}")
+    sim = models.sim
+    cudagraph, max_num_seqs = sim.engine(reward=role == Role.REWARD)
     return RoleCosts(
-        model=decode_model(spec, hw, attn_flops=models.sim.attn_flops),
+        model=decode_model(spec, hw, attn_flops=sim.attn_flops, cudagraph=cudagraph),
         tp=spec.tp,
-        kv_capacity=kv_capacity(spec, hw, models.sim.mem_util),
+        kv_capacity=kv_capacity(spec, hw, sim.mem_util),
+        max_num_seqs=max_num_seqs,
+        seq_tokens=state_tokens(spec),
         shift_up_s=shift_up_time(spec, hw),
         shift_down_s=shift_down_time(spec),
         swap_s=swap_time(spec, hw),

@@ -35,7 +35,8 @@ def watched_run(cfg, alloc):
 
 
 def test_cap_forms_a_queue_and_holds_everywhere(make_cfg):
-    cfg = make_cfg("models=qwen1.5b_glm9b", "deploy=disaggregated", "models.sim.max_num_seqs=4", *SMALL)
+    cfg = make_cfg("models=qwen1.5b_glm9b", "deploy=disaggregated", "models.sim.max_num_seqs=4",
+                   "models.sim.reward_max_num_seqs=4", *SMALL)  # the rollout and the GenRM engines
     summary, seen = watched_run(cfg, {Role.ROLLOUT: 2, Role.REWARD: 2, Role.TRAIN: 4})
     assert seen["n"] == 4  # the cap is reached and never passed (schedulers and engines)
     assert seen["queued"] > 0  # 64 responses on 2 replicas x 4: a real waiting queue

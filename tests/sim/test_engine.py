@@ -137,3 +137,19 @@ def test_max_num_seqs_caps_running_sequences_and_the_rest_wait_inside():
             done[item[0]] = item[1]
             rep.resume()
     assert done == {i: 50 + 10 * i for i in range(5)}
+
+
+def test_a_hybrid_sequence_holds_its_state_in_the_kv_pool():
+    """`seq_tokens`: each running sequence of a linear-attention model counts its fixed state as KV
+    tokens, so fewer fit before the replica preempts."""
+    from pivotrl.core.throughput import ThroughputModel
+    from pivotrl.sim.engine import SimReplica
+
+    m = ThroughputModel(A=1e-7, B=1e-3, C=1e-5, D=1e-3)
+    plain = SimReplica("a", m, 1, 0.0, kv_capacity=1000)
+    hybrid = SimReplica("b", m, 1, 0.0, kv_capacity=1000, seq_tokens=300)
+    for rep in (plain, hybrid):
+        for i in range(3):
+            rep.add(i, 100, 0, 50, 0.0)
+    assert plain.n == 3 and plain.k == 300
+    assert hybrid.n == 2 and hybrid.k == 800 and len(hybrid.paused) == 1  # 3 x 400 > 1000: one waits
