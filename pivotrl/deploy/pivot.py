@@ -9,6 +9,14 @@ Training has a fixed home device set (the last `deploy.allocation.train` devices
 state lives in their host memory). The strategy plans the training shift up when a batch is ready;
 when a step finishes the controller shifts training down and the freed devices go back to
 inference at the next planner call (penalty 0). Every decision is recorded to the timeline.
+
+Elastic training (`deploy.planner.elastic_training`, DESIGN §4.6): the planner may instead train
+on a bigger slot ending at the home set's last device, of `home + j * align` devices (`align` the
+largest replica size, so the slot takes whole replicas; at most `deploy.planner.
+elastic_max_devices`). The controller tells it the sizes, the ready batch's tokens, the training-
+time model fitted online from the steps (`Controller.train_fit`), the measured reshard seconds,
+the inference work already released (`backlog`) and the run's tokens per second. The grown slot is
+shifted down as a whole after the step, like the home set; a batch already waiting keeps it.
 """
 from __future__ import annotations
 
@@ -16,6 +24,13 @@ import time
 
 from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
 from pivotrl.deploy.base import ControlEnv, Controller, role_slots
+
+
+def elastic_sizes(num_devices: int, home: int, align: int, max_devices: int | None) -> tuple[int, ...]:
+    """World sizes a trainer with a home set of `home` devices (the last ones) may take: the home
+    set grown downwards by whole blocks of `align` devices, up to `max_devices` (None: all)."""
+    top = min(num_devices, max_devices or num_devices)
+    return tuple(range(home, top + 1, align)) if top >= home else (home,)
 from pivotrl.deploy.events import Action, BatchReady, Dispatch, Record, ShiftDone, Tick, TrainingDone
 
 
@@ -38,6 +53,11 @@ class PivotController(Controller):
         # vanilla runs without migration whatever the config says: the strategy knows
         self.migrate = bool(getattr(self.strategy, "migration", env.planner.migration))
         self.tick_s = env.planner.tick_s
+        pc = env.planner
+        align = max(env.tp[Role.ROLLOUT], env.tp[Role.REWARD])
+        self.sizes = (elastic_sizes(n, tr, align, getattr(pc, "elastic_max_devices", None))
+                      if getattr(pc, "elastic_training", False) else (tr,))
+        """World sizes training may take (the home size alone without elastic training)."""
         self.planner_seconds = 0.0
         self.planner_calls = 0
         self.decisions = 0
@@ -60,11 +80,45 @@ class PivotController(Controller):
             plans.append(ShiftPlan(Role.ROLLOUT, up=role_slots(Role.ROLLOUT, half, rest - half, tp_ro)))
         return plans
 
+    def training_home(self) -> tuple[int, ...]:
+        return self.home.devices
+
+    def disable_elastic(self) -> None:
+        """Keep training on its home set from now on (the runtime cannot hold its state in host
+        memory: it says why in the log)."""
+        self.sizes = (self.home.tp,)
+
     # ------------------------------------------------------------------ planner
+    def backlog(self) -> dict[Role, float]:
+        """Tokens of inference work already released: every rollout sequence in flight up to the
+        mean response length so far, the judgements still to come of those responses, and every
+        GenRM sequence in flight up to the mean judgement length (a sequence past the mean is
+        counted as finishing now: the estimate is a lower bound)."""
+        resp, judge = self.pipe.mean_length("response"), self.pipe.mean_length("genrm")
+        out: dict[Role, float] = {}
+        for role, mean in ((Role.ROLLOUT, resp), (Role.REWARD, judge)):
+            s = self.sched[role]
+            seqs = [q for r in s.replicas.values() for q in r.running.values()] + s.queued_sequences()
+            out[role] = sum(max(mean - q.generated, 0.0) for q in seqs)
+        out[Role.REWARD] += judge * (self.sched[Role.ROLLOUT].num_sequences() + sum(map(len, self._held.values())))
+        return out
+
+    def elastic_view(self, now: float):
+        """What the planner needs to price a bigger trainer (None: not now, or elastic off)."""
+        from pivotrl.core.planner import ElasticView
+
+        if len(self.sizes) < 2 or self.training or not self.pipe.train_ready():
+            return None
+        tokens = self.pipe.ready_tokens()
+        rate = self.pipe.trained_tokens / now if now > 0 else 0.0
+        return ElasticView(sizes=self.sizes, tokens=tokens, model=self.train_fit.model(), reshard_s=self.reshard_s,
+                           backlog=self.backlog(), rate=rate)
+
     def view(self, now: float):
         from pivotrl.core.planner import ClusterView, TrainView
 
-        train_up_in_flight = any(any(s.role == Role.TRAIN for s in p.up) for p in self.in_flight)
+        train_up = [s for p in self.in_flight for s in p.up if s.role == Role.TRAIN]
+        held = self.train_slot or (train_up[0] if train_up else None)
         return ClusterView(
             now=now, num_devices=self.env.num_devices, node_size=self.env.node_size,
             tp={r: self.env.tp[r] for r in INFERENCE_ROLES},
@@ -72,9 +126,11 @@ class PivotController(Controller):
             active={r: list(self.active[r].values()) for r in INFERENCE_ROLES},
             schedulers=dict(self.sched),
             train=TrainView(home=self.home.devices,
-                            holds_devices=self.train_slot is not None or train_up_in_flight,
+                            holds_devices=held is not None,
                             running=self.training,
-                            batch_ready=self.pipe.train_ready()),
+                            batch_ready=self.pipe.train_ready(),
+                            devices=held.devices if held is not None and held != self.home else (),
+                            elastic=self.elastic_view(now)),
             tau_shift=dict(self.tau_shift),
             pending=frozenset(self.pending),
             kv_capacity=dict(self.kv_capacity),
