@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pivotrl.config.base import ConfigError
 from pivotrl.config.deploy import PivotDeployConfig
 from pivotrl.config.planner import PlannerConfig
 from pivotrl.config.trainer import TrainerConfig
+
+if TYPE_CHECKING:
+    from pivotrl.config import PivotConfig
 
 #: Trainer fields that the run derives from other settings; setting them under `algo` would be
 #: silently overwritten, so `check_algo` refuses that and names where to set them instead.
@@ -30,11 +33,11 @@ DERIVED_TRAINER_FIELDS: dict[str, str] = {
 }
 
 
-def _mode(cfg: Any) -> str:
+def _mode(cfg: PivotConfig) -> str:
     return getattr(cfg.deploy.mode, "value", str(cfg.deploy.mode))
 
 
-def _kind(cfg: Any) -> str:
+def _kind(cfg: PivotConfig) -> str:
     return getattr(cfg.cluster.kind, "value", str(cfg.cluster.kind))
 
 
@@ -105,7 +108,7 @@ class Resolved:
     lr_decay_steps: int
     """algo.lr_decay_steps, where null means over the run's train.steps."""
 
-    def trainer(self, cfg: Any, world_size: int) -> TrainerConfig:
+    def trainer(self, cfg: PivotConfig, world_size: int) -> TrainerConfig:
         """`cfg.algo` as one trainer of `world_size` ranks receives it."""
         on_cpu = self.accelerator == "cpu"
         return dataclasses.replace(
@@ -125,7 +128,7 @@ def check_algo(algo: TrainerConfig) -> None:
                               f"{where}", getattr(algo, name), "algo")
 
 
-def resolve(cfg: Any) -> Resolved:
+def resolve(cfg: PivotConfig) -> Resolved:
     """The derived values of a validated `PivotConfig`."""
     mode, kind = _mode(cfg), _kind(cfg)
     n = int(cfg.cluster.num_devices or cfg.models.devices)

@@ -13,10 +13,13 @@ import asyncio
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from pivotrl.config.engine import EngineConfig
 from pivotrl.engines.vllm_worker import write_weights_file
+
+if TYPE_CHECKING:
+    from pivotrl.gps.handles import FileManifest
 
 WORKER_EXTENSION = "pivotrl.engines.vllm_worker.PivotWorkerExtension"
 
@@ -150,7 +153,7 @@ class VLLMClient:
         finally:
             os.unlink(path)
 
-    def load_gps(self, manifest: Any, bucket_bytes: int) -> None:
+    def load_gps(self, manifest: FileManifest, bucket_bytes: int) -> None:
         """Load a leased GPS `FileManifest`: each worker maps the node file itself."""
         self.run(self.llm.collective_rpc("pivot_load_weights_from_gps", args=(manifest.to_wire(), bucket_bytes)))
 

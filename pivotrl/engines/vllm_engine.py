@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from pivotrl.config.engine import EngineConfig
 from pivotrl.engines.hf_model import eos_ids_of, load_hf_tokenizer
@@ -38,6 +38,9 @@ from pivotrl.engines.vllm_stats import StatState, make_stat_logger
 from pivotrl.engines.vllm_client import VLLMClient, async_engine_args, sleep_supported
 from pivotrl.engines.protocol import (FINISH_LENGTH, FINISH_STOP, Completion, EngineStats,
                                       GenerationRequest, TokensSoFar, run_to_completion)
+
+if TYPE_CHECKING:
+    from pivotrl.gps.handles import FileManifest
 
 
 def vllm_available() -> bool:
@@ -275,7 +278,7 @@ class VLLMEngine:
             raise self._fail(EngineLoadError, "load", e) from e
         self.version = int(version)
 
-    def _load(self, weights: Any) -> None:
+    def _load(self, weights: FileManifest | Mapping[str, object]) -> None:
         """Into the workers: a GPS `FileManifest` (they map its file) or a state dict."""
         if hasattr(weights, "to_wire"):
             self._client.load_gps(weights, self.cfg.vllm_weight_bucket_mb << 20)

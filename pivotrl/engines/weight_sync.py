@@ -37,10 +37,16 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from pivotrl.engines.protocol import InferenceEngine
+    from pivotrl.gps.layout import ModelSpec
+    from pivotrl.gps.store import GlobalParameterStore
+    from pivotrl.trainer.trainer_worker import TrainerWorker
 
 __all__ = ["GPSWeights", "publish_shards", "load_from_gps", "opened", "iter_manifest_tensors", "fsdp_row_range"]
 
@@ -55,7 +61,7 @@ class GPSWeights:
     Picklable: the store travels as its handle (a `make_ray_store` store: version table and node
     buffers live in their own actors)."""
 
-    store: Any
+    store: GlobalParameterStore
     model: str
     gps_version: int
     version: int
@@ -84,7 +90,7 @@ def _local_rows(p: torch.Tensor, rows: int, world_size: int, rank: int) -> tuple
     return a, local.detach()
 
 
-def rows_in_store(name: str, p: torch.Tensor, spec: Any, world: int, rank: int) -> list[tuple[str, int, torch.Tensor]]:
+def rows_in_store(name: str, p: torch.Tensor, spec: ModelSpec, world: int, rank: int) -> list[tuple[str, int, torch.Tensor]]:
     """(stored name, first row, rows) that rank `rank`'s shard of parameter `name` fills in GPS:
     its own rows of a stored tensor; each whole per-expert tensor of the experts it holds, for a
     fused MoE expert parameter; nothing for a tensor GPS does not store (a tied `lm_head`)."""
@@ -99,7 +105,7 @@ def rows_in_store(name: str, p: torch.Tensor, spec: Any, world: int, rank: int) 
     return [(n, 0, t) for n, t in split_fused_experts({name: local}, first_expert=start).items() if n in spec]
 
 
-def publish_shards(worker: Any, store: Any, model: str) -> int:
+def publish_shards(worker: TrainerWorker, store: GlobalParameterStore, model: str) -> int:
     """Write `worker`'s policy as a new version of GPS model `model` from every rank's own shard
     (module docstring). Collective: call on every trainer rank. Parameters GPS does not store (a
     tied `lm_head.weight`: GPS keeps the embedding once) are skipped; a stored tensor no rank
@@ -238,7 +244,7 @@ def opened(weights: Any, version: int) -> Iterator[tuple[Any, int, dict[str, Any
                                                                  "path": o["path"]}
 
 
-def load_from_gps(engine: Any, store: Any, model: str, node: int | None, version: int | None = None,
+def load_from_gps(engine: InferenceEngine, store: GlobalParameterStore, model: str, node: int | None, version: int | None = None,
                   engine_version: int | None = None) -> dict[str, float | str]:
     """Load GPS version `version` (default: current) of `model` from node `node`'s copy into
     `engine` (`open_gps`), tagged `engine_version` (default: the GPS version; the runtime passes

@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from pivotrl.gps.families import REP, Rule
+from pivotrl.gps.families import REP, Geometry, Rule
 
 DTYPE_BYTES: dict[str, int] = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
@@ -134,7 +134,7 @@ class ModelSpec:
         return cls.from_entries(entries, g, fam.name, {n: dtype for n, _, _ in entries})
 
     @classmethod
-    def from_entries(cls, entries: list, geometry: Any, family: str, dtypes: dict[str, str]) -> "ModelSpec":
+    def from_entries(cls, entries: list, geometry: Geometry, family: str, dtypes: dict[str, str]) -> "ModelSpec":
         """A spec from families.py entries `(name, shape, rule)` with one dtype per tensor."""
         tensors = tuple(TensorSpec(n, tuple(s), dtypes[n], r) for n, s, r in entries)
         return cls(tensors, num_layers=geometry.num_layers, head_dim=geometry.head_dim,

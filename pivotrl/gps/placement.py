@@ -10,12 +10,15 @@ every chunk has exactly `num_nodes / k` replicas.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dataclasses import dataclass
 
 from pivotrl.gps.errors import BudgetError
 from pivotrl.gps.layout import ModelSpec
+
+if TYPE_CHECKING:
+    from pivotrl.config.gps import GPSConfig
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,7 @@ def node_memory_bytes(shm_dir: str | None = None) -> tuple[int, str]:
     return min(found)
 
 
-def budget_bytes(config: Any) -> int:
+def budget_bytes(config: GPSConfig) -> int:
     """The per-node GPS budget of a `GPSConfig`: `node_memory_budget_bytes`, or when 0 its
     `node_memory_fraction` of this node's memory (`node_memory_bytes`)."""
     if config.node_memory_budget_bytes:

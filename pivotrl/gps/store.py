@@ -46,7 +46,7 @@ class GlobalParameterStore:
     """Pooled host-memory weight store over `num_nodes` nodes. Thread-safe."""
 
     def __init__(self, config: GPSConfig | None = None, num_nodes: int = 1, *,
-                 transport: Transport | None = None, table: Any = None) -> None:
+                 transport: Transport | None = None, table: VersionTable | None = None) -> None:
         self.config = config or GPSConfig()
         if num_nodes < 1:
             raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
@@ -371,7 +371,7 @@ class GlobalParameterStore:
             self.table.kill()
 
 
-def _release(table: Any, transport: Transport, model: str, v: int) -> None:
+def _release(table: VersionTable, transport: Transport, model: str, v: int) -> None:
     for r in table.release(model, v):
         transport.free(r)
 

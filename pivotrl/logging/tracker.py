@@ -14,7 +14,10 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pivotrl.config import PivotConfig
 
 REQUIRED_SUMMARY_KEYS = ("deploy", "models", "cluster", "steps", "throughput_tokens_per_s",
                          "ideal_efficiency", "num_shifts")
@@ -67,7 +70,7 @@ def _wandb_mode(requested: str) -> str:
 class Tracker:
     """Writes a run's files and mirrors metrics to wandb. Use as the only sink in runtimes."""
 
-    def __init__(self, cfg: Any, run_dir: Path, use_wandb: bool = True) -> None:
+    def __init__(self, cfg: PivotConfig, run_dir: Path, use_wandb: bool = True) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)

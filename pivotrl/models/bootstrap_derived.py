@@ -48,7 +48,7 @@ def stage_key(blob: dict) -> str:
     return hashlib.sha256(json.dumps({"v": DERIVED_VERSION, **blob}, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _policy_samples(dense: BootstrapResult, cfg: BootstrapConfig, data: DataConfig):
+def policy_samples(dense: BootstrapResult, cfg: BootstrapConfig, data: DataConfig):
     """The held-out prompts and the dense policy's sampled (T=1) responses the dense report judged."""
     policy, tok = load_tiny_model(dense.policy_path, "float32")
     val = load_examples(dense.val_path, limit=min(REPORT_VAL_ROWS, data.val_size))
@@ -68,7 +68,7 @@ def _build_moe(dense: BootstrapResult, cfg: BootstrapConfig, data: DataConfig, o
                  "score:", cfg.genrm_score_weight)
     sft_s = time.perf_counter() - t0
     save_model_folder(moe, out / "genrm", "float32", tokenizer=tok)
-    val, responses, acc = _policy_samples(dense, cfg, data)
+    val, responses, acc = policy_samples(dense, cfg, data)
     served, stok = load_tiny_model(out / "genrm", "float32")
     report = {"stage": "qwen3_moe", **cfg.moe_key_fields(), "sft_seconds": sft_s,
               "final_loss": sum(losses[-10:]) / max(1, len(losses[-10:])),
@@ -85,7 +85,7 @@ def _build_cast(dense: BootstrapResult, genrm_src: Path, cfg: BootstrapConfig, d
     for role, src in (("policy", dense.policy_path), ("genrm", genrm_src)):
         model, tok = load_tiny_model(src)
         save_model_folder(model, out / role, cfg.dtype, tokenizer=tok)
-    val, responses, acc = _policy_samples(dense, cfg, data)
+    val, responses, acc = policy_samples(dense, cfg, data)
     served, stok = load_tiny_model(out / "genrm", cfg.dtype)
     report = {"stage": cfg.dtype, "dtype": cfg.dtype, "source_genrm": str(genrm_src),
               "policy_samples_accuracy": acc,

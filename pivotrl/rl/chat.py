@@ -8,7 +8,10 @@ Knows nothing about engines or judging (pivotrl/rl/genrm.py builds the judge's m
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pivotrl.config.rl import ChatConfig
 
 
 class ChatTemplateError(ValueError):
@@ -24,7 +27,7 @@ def _template_text(override: str) -> str:
     return override
 
 
-def load_chat_tokenizer(model_path: str | Path, chat: Any = None, where: str = "models.policy.chat") -> Any:
+def load_chat_tokenizer(model_path: str | Path, chat: ChatConfig | None = None, where: str = "models.policy.chat") -> Any:
     """The tokenizer `chat.tokenizer_path` (else `model_path`) names, with `chat.chat_template`
     installed when set. Raises ChatTemplateError naming `where` when it ends up without a template."""
     from transformers import AutoTokenizer
@@ -40,7 +43,7 @@ def load_chat_tokenizer(model_path: str | Path, chat: Any = None, where: str = "
     return tok
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, str]], chat: Any = None, where: str = "models.policy.chat",
+def render_chat(tokenizer: Any, messages: list[dict[str, str]], chat: ChatConfig | None = None, where: str = "models.policy.chat",
                 add_system: bool = True) -> list[int]:
     """Token ids of `messages` with the generation prompt, through `tokenizer`'s chat template.
     `chat.system_prompt` goes first when `add_system` and the messages have no system turn;

@@ -20,9 +20,15 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pivotrl.config.base import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from pivotrl.config import PivotConfig
+    from pivotrl.gps.layout import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +43,7 @@ class Assets:
     """`cached`, `seconds`, the bootstrapped policy's greedy accuracy, the folders served and the
     GenRM's judge quality on the policy's samples; empty for user checkpoints."""
 
-    def tokenizers(self, cfg: Any) -> tuple[Any, Any]:
+    def tokenizers(self, cfg: PivotConfig) -> tuple[PreTrainedTokenizerBase, PreTrainedTokenizerBase]:
         """(policy, GenRM) tokenizers, each its own model's (`models.<role>.chat`), with a chat template."""
         from pivotrl.rl.chat import load_chat_tokenizer
 
@@ -54,7 +60,7 @@ def _existing(path: str | None, key: str, what: str) -> Path:
     return p
 
 
-def load_assets(cfg: Any, progress: bool = False) -> Assets:
+def load_assets(cfg: PivotConfig, progress: bool = False) -> Assets:
     """The checkpoints and data of run `cfg` (rules in the module docstring)."""
     m, d = cfg.models, cfg.data
     user = {"policy": m.policy.hf_path, "genrm": m.genrm.hf_path}
@@ -88,7 +94,7 @@ def load_assets(cfg: Any, progress: bool = False) -> Assets:
     return Assets(res.policy_path, res.genrm_path, train, val, info)
 
 
-def preflight(cfg: Any) -> None:
+def preflight(cfg: PivotConfig) -> None:
     """Before a real run writes anything: the user's checkpoints exist, are complete, have chat
     templates, split under their `tp`, and fit GPS memory (no-op for the bootstrapped tiny models,
     which `load_assets` builds)."""
@@ -103,7 +109,7 @@ def preflight(cfg: Any) -> None:
         check_trainer_fits(cfg, ck["policy"].config, m.policy.name)
 
 
-def device_memory_bytes(cfg: Any) -> int | None:
+def device_memory_bytes(cfg: PivotConfig) -> int | None:
     """Memory of one real device, bytes (the one definition, `cluster.device_memory_bytes`): the
     setting, else the GPU this process sees (device 0), else None (no GPU here: a Ray driver on a
     CPU head). Never the simulator's `cluster.hardware.hbm_bytes`."""
@@ -116,7 +122,7 @@ def device_memory_bytes(cfg: Any) -> int | None:
     return None
 
 
-def check_trainer_fits(cfg: Any, hf_config: dict, name: str) -> None:
+def check_trainer_fits(cfg: PivotConfig, hf_config: dict, name: str) -> None:
     """On GPUs: one training rank of the policy on its home set must fit a device's memory
     (`device_memory_bytes`) with the engines asleep (`engines.memory.check_fits`, issue 10's
     arithmetic), else stop at start naming the model, the devices and the memory. CPU devices
@@ -143,7 +149,7 @@ def check_trainer_fits(cfg: Any, hf_config: dict, name: str) -> None:
                gradient_checkpointing=a.gradient_checkpointing, logprob_chunk_tokens=a.logprob_chunk_tokens)
 
 
-def check_fit(cfg: Any, policy_spec: Any, genrm_spec: Any) -> None:
+def check_fit(cfg: PivotConfig, policy_spec: ModelSpec, genrm_spec: ModelSpec) -> None:
     """Stop at start when a checkpoint cannot run as configured: a `tp` that does not split its
     tensors (names the field and the degrees that work), or GPS memory too small for both models
     (names both numbers)."""

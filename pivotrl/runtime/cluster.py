@@ -27,7 +27,10 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    from pivotrl.config.cluster import ClusterConfig
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +109,7 @@ class ClusterSpec:
         return list(range(lo, min(lo + self.node_size, self.num_devices)))
 
     @classmethod
-    def from_config(cls, cluster_cfg: Any, num_devices: int | None = None) -> "ClusterSpec":
+    def from_config(cls, cluster_cfg: ClusterConfig, num_devices: int | None = None) -> ClusterSpec:
         kind = getattr(cluster_cfg.kind, "value", cluster_cfg.kind)
         n = num_devices if num_devices is not None else cluster_cfg.num_devices
         if n is None:

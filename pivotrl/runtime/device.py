@@ -36,11 +36,18 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from pivotrl.core.types import Role
 from pivotrl.runtime.roles import (EnginePlacement, InferenceHost, RoleHost, RoleSpec, ShiftTiming, TrainHost,
-                                   make_host)
+                                   Weights, make_host)
+
+if TYPE_CHECKING:
+    from pivotrl.engines.protocol import Completion, EngineStats, GenerationRequest, InferenceEngine
+    from pivotrl.gps.store import GlobalParameterStore
+    from pivotrl.runtime.cluster import Cluster
+    from pivotrl.trainer.train_batch import TrainBatch
+    from pivotrl.trainer.trainer_worker import TrainerWorker
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +60,12 @@ class DevicePoll:
     """What one `poll` returns."""
 
     device: int
-    completions: list[Any] = field(default_factory=list)
+    completions: list[Completion] = field(default_factory=list)
     """`protocol.Completion`s, each reported once."""
     progress: dict[int, list[int]] = field(default_factory=dict)
     """New tokens per live sequence since the previous poll (append to the driver's copy), each a
     `protocol.TokensSoFar` carrying those tokens' behaviour log-probs (None when unknown)."""
-    stats: Any = None
+    stats: EngineStats | None = None
     """`protocol.EngineStats` (samples drained) of the active engine, or None."""
     role: str | None = None
     error: str | None = None
@@ -71,7 +78,7 @@ class AbortResult:
 
     aborted: dict[int, list[int]] = field(default_factory=dict)
     """seq_id -> `protocol.TokensSoFar`: every token so far, with its behaviour log-probs."""
-    finished: list[Any] = field(default_factory=list)
+    finished: list[Completion] = field(default_factory=list)
 
 
 class DeviceWorker:
@@ -98,7 +105,7 @@ class DeviceWorker:
         self.active: RoleHost | None = None
         self._cv = threading.Condition()  # guards outbox, reported lengths, active, error
         self._step_lock = threading.Lock()  # held by one engine step, an abort, or a shift
-        self._outbox: list[Any] = []
+        self._outbox: list[Completion] = []
         self._reported: dict[int, int] = {}
         self._error: str | None = None
         self._stop = False
@@ -125,7 +132,7 @@ class DeviceWorker:
         return self.device
 
     # ------------------------------------------------------------------ role shifts
-    def shift_up(self, spec: RoleSpec, weights: Any = None, version: int = 0) -> ShiftTiming:
+    def shift_up(self, spec: RoleSpec, weights: Weights = None, version: int = 0) -> ShiftTiming:
         """Make `spec.role` the active role (reusing its preserved context if this device held
         it); `weights`: a `weight_sync.GPSWeights` this actor reads from GPS itself, a state dict,
         or None."""
@@ -182,13 +189,13 @@ class DeviceWorker:
             return True
 
     # ------------------------------------------------------------------ inference
-    def _engine(self) -> Any:
+    def _engine(self) -> InferenceEngine:
         if not isinstance(self.active, InferenceHost):
             held = None if self.active is None else self.active.role.value
             raise RuntimeError(f"device {self.device} has no active inference role (active: {held})")
         return self.active.engine
 
-    def submit(self, requests: list[Any]) -> int:
+    def submit(self, requests: list[GenerationRequest]) -> int:
         """Queue `GenerationRequest`s (fresh or resumed) on the active engine; returns how many."""
         eng = self._engine()
         for r in requests:
@@ -292,16 +299,16 @@ class DeviceWorker:
             and self._error is None
 
     # ------------------------------------------------------------------ training (collective)
-    def _trainer(self) -> Any:
+    def _trainer(self) -> TrainerWorker:
         host = self.hosts.get(Role.TRAIN)
         if not isinstance(host, TrainHost) or host.worker is None:
             raise RuntimeError(f"device {self.device} holds no trainer rank (shift training up first)")
         return host.worker
 
-    def train_step(self, batch: Any) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
         return self._trainer().step(batch)
 
-    def publish(self, store: Any, model: str) -> dict[str, float]:
+    def publish(self, store: GlobalParameterStore, model: str) -> dict[str, float]:
         """Write this rank's shard of the policy into GPS `model` of `store` (collective over the
         ranks: `weight_sync.publish_shards`, no gather); `{"gps_version", "seconds"}`."""
         from pivotrl.engines.weight_sync import publish_shards
@@ -377,7 +384,7 @@ def actor_name(device: int, generation: int) -> str:
     return f"pivotrl-device{device}-gen{generation}"
 
 
-def spawn_device(cluster: Any, device: int, generation: int = 0) -> Any:
+def spawn_device(cluster: Cluster, device: int, generation: int = 0) -> Any:
     """Start the actor of `device` on its bundle, with its thread budget and (if possible) cores."""
     from pivotrl.runtime.cluster import cores_for_device
 

@@ -30,25 +30,38 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import INFERENCE_ROLES, Role, Slot
 from pivotrl.deploy.events import (
-    DeviceLost, Dispatch, PublishWeights, Record, ReplicaLost, SequenceFinished, ShiftDone, StartShift, StartTraining,
+    DeviceLost, Dispatch, Event, PublishWeights, Record, ReplicaLost, SequenceFinished, ShiftDone, StartShift, StartTraining,
     StepDone, Tick, TrainingDone,
 )
-from pivotrl.runtime.outcomes import Death
+from pivotrl.runtime.outcomes import Death, ShiftResult, ThreadFailed, TrainingResult
 from pivotrl.runtime.faults import point
 from pivotrl.runtime.ledger import SequenceLedger, Tokens
 from pivotrl.runtime.monitor import Monitor
-from pivotrl.runtime.stats import RealStats
+from pivotrl.runtime.stats import RealStats, RunFacts
 from pivotrl.runtime.training import TrainingSteps
+
+if TYPE_CHECKING:
+    import ray
+
+    from pivotrl.config import PivotConfig
+    from pivotrl.config.resolve import Resolved
+    from pivotrl.deploy.base import Controller
+    from pivotrl.engines.protocol import Completion, GenerationRequest
+    from pivotrl.logging.tracker import Tracker
+    from pivotrl.runtime.launch import Launch
+    from pivotrl.runtime.samples import Samples
 
 
 class DeviceDriver:
     """Runs controller `ctrl`'s actions on the devices of `launch`, for samples `samples`."""
 
-    def __init__(self, cfg: Any, resolved: Any, ctrl: Any, launch: Any, samples: Any, tracker: Any = None) -> None:
+    def __init__(self, cfg: PivotConfig, resolved: Resolved, ctrl: Controller, launch: Launch, samples: Samples,
+                 tracker: Tracker | None = None) -> None:
         self.cfg, self.r, self.ctrl, self.launch, self.s = cfg, resolved, ctrl, launch, samples
         self.tracker = tracker
         self.ex = launch.executor
@@ -58,11 +71,11 @@ class DeviceDriver:
         self.fit_every_s = float(self.cl.fit_every_s)
         self.monitor = Monitor()
         self.ledger = SequenceLedger()
-        self.results: queue.Queue = queue.Queue()
+        self.results: queue.Queue[ShiftResult | TrainingResult | ThreadFailed] = queue.Queue()
         self.polls: dict[int, Any] = {}
         self.poll_gen: dict[int, int] = {}
         self.threads: list[threading.Thread] = []
-        self.deferred: list[tuple] = []
+        self.deferred: list[tuple[Role, int, Completion]] = []  # (role, device, completion)
         self.recorded_recoveries: list[dict[str, Any]] = []
         self.to_retire: set[int] = set()  # crash-looping devices, retired once no shift holds them
         self.next_tick: float | None = None
@@ -70,7 +83,7 @@ class DeviceDriver:
         self._last = 0.0
         self.stats = RealStats()
         self.counts = self.stats.counts
-        self.training = TrainingSteps(cfg, self.ex, samples, self.ledger, launch, self)
+        self.training = TrainingSteps(cfg, self.ex, samples, self.ledger, launch, self.stats, self.record_event)
 
     @property
     def now(self) -> float:
@@ -80,7 +93,7 @@ class DeviceDriver:
     def schedule_tick(self, at: float) -> None:
         self.next_tick = at
 
-    def wait(self) -> Iterator[Any]:
+    def wait(self) -> Iterator[Event]:
         """Completions of the inference devices (waiting up to `cluster.poll_s`), then finished
         shifts and training steps, then deliveries deferred by the last actions, then a due tick."""
         import ray
@@ -122,7 +135,7 @@ class DeviceDriver:
         return (not self.polls and not self.threads and self.results.empty() and not self.ledger.running()
                 and not self.deferred and not self.to_retire and not any(r in INFERENCE_ROLES for r in self.ex.role_of.values()))
 
-    def _on_poll(self, d: int, ref: Any) -> Iterator[Any]:
+    def _on_poll(self, d: int, ref: ray.ObjectRef) -> Iterator[Event]:
         import ray
 
         try:
@@ -143,7 +156,7 @@ class DeviceDriver:
         if new or res.completions:
             point("poll", d, self.ex.handle(d)[0])
 
-    def _complete(self, role: Role, d: int, c: Any) -> Iterator[Any]:
+    def _complete(self, role: Role, d: int, c: Completion) -> Iterator[Event]:
         toks = Tokens.of(c.token_ids, c.logprobs)
         if not self.ledger.accept(role, c.seq_id, d, toks):
             self.counts["stale_completions"] += 1
@@ -158,7 +171,7 @@ class DeviceDriver:
         yield SequenceFinished(self.now, role=role, seq_id=c.seq_id, generated=len(toks),
                                replica_id=Slot(role, d, self.r.tp[role.value]).slot_id)
 
-    def _deaths(self) -> Iterator[Any]:
+    def _deaths(self) -> Iterator[Event]:
         """Each death the executor found since the last call, once; then the crash-looping
         devices no shift holds any more leave the pool."""
         for death in self.ex.take_deaths():
@@ -171,7 +184,7 @@ class DeviceDriver:
             self.monitor.forget(d)
             yield DeviceLost(self.now, device=d)
 
-    def _on_death(self, death: Death) -> Iterator[Any]:
+    def _on_death(self, death: Death) -> Iterator[Event]:
         """Send the sequences of a respawned device back to the queue with their tokens and
         re-host its replica (mid-shift devices are re-hosted by their shift). A member of a
         replica of several devices held no sequences: it re-joins, and the replica goes on."""
@@ -197,23 +210,22 @@ class DeviceDriver:
         yield ReplicaLost(self.now, role=role, replica_id=slot.slot_id)
 
     # ------------------------------------------------------------------ threads
-    def _spawn(self, fn, *args: Any) -> None:
+    def _spawn(self, fn: Callable[..., ShiftResult | TrainingResult], *args: Any) -> None:
         def body() -> None:
             try:
                 self.results.put(fn(*args))
             except BaseException as e:  # re-raised in the main thread
-                self.results.put(("error", e))
+                self.results.put(ThreadFailed(e))
 
         t = threading.Thread(target=body, daemon=True)
         t.start()
         self.threads.append(t)
 
-    def _on_result(self, item: tuple) -> Iterator[Any]:
-        kind = item[0]
-        if kind == "error":
-            raise item[1]
-        if kind == "shift":
-            res = item[1]
+    def _on_result(self, item: ShiftResult | TrainingResult | ThreadFailed) -> Iterator[Event]:
+        if isinstance(item, ThreadFailed):
+            raise item.error
+        if isinstance(item, ShiftResult):
+            res = item
             if res.error is not None:
                 raise res.error
             for s in res.plan.down:
@@ -227,11 +239,13 @@ class DeviceDriver:
                               measured={r.value: v for r, v in res.measured.items()})
             yield ShiftDone(self.now, plan=res.plan, kv_capacity=res.kv_capacity, seconds=res.seconds,
                             progress=self.ledger.counts(), measured=res.measured)
-        elif kind == "train":
-            _, act, metrics, secs = item
+        elif isinstance(item, TrainingResult):
+            act, secs = item.act, item.seconds
             self.stats.train_busy_s += secs * len(act.devices)
-            yield TrainingDone(self.now, batch=act.batch, version=int(metrics["version"]), seconds=secs,
+            yield TrainingDone(self.now, batch=act.batch, version=int(item.metrics["version"]), seconds=secs,
                                progress=self.ledger.counts())
+        else:
+            raise TypeError(f"a driver thread returned {type(item).__name__}")
 
     # ------------------------------------------------------------------ Driver: actions
     def dispatch(self, act: Dispatch) -> None:
@@ -253,12 +267,12 @@ class DeviceDriver:
             led.place(role, c.seq_id, d)
             self.deferred.append((role, d, c))
 
-    def _request(self, role: Role, sid: int) -> Any:
+    def _request(self, role: Role, sid: int) -> GenerationRequest:
         return self.s.request(role, sid, self.ledger.tokens[role].get(sid, Tokens()), self.ledger.judge_ids.get(sid))
 
     def start_shift(self, act: StartShift) -> None:
         self.counts["shifts"] += len(act.plan.up) + len(act.plan.down)
-        self._spawn(lambda p=act.plan: ("shift", self.ex.run_shift(p)))
+        self._spawn(self.ex.run_shift, act.plan)
 
     def start_training(self, act: StartTraining) -> None:
         self._spawn(self.training.run, act)
@@ -272,7 +286,7 @@ class DeviceDriver:
     def record(self, act: Record) -> None:
         """Nothing to do: the recorder writes controller records to the timeline."""
 
-    def refit(self) -> dict[Role, tuple[Any, int]]:
+    def refit(self) -> dict[Role, tuple[ThroughputModel, int]]:
         out = {}
         for role in INFERENCE_ROLES:
             model = self.monitor.fit(role)
@@ -290,10 +304,25 @@ class DeviceDriver:
             self.tracker.log_event(kind, now=self.now, **fields)
 
     def step_fields(self, act: StepDone, now: float) -> dict[str, Any]:
-        return self.stats.step_fields(act, self)
+        """Row fields of the step that trained `act.batch`; also its `sample_lengths` record (read by
+        `pivotrl.report.records.RunRecords`): `[sample_id, prompt_tokens, response_tokens,
+        genrm_tokens]`, one row per trained sample in id order."""
+        led, s = self.ledger, self.s
+        ids = [x for x in self.training.trained_ids if s.batch_of(x) == act.batch]
+        self.record_event("sample_lengths", batch=int(act.batch), samples=[
+            [int(sid), s.prompt_len(sid), len(led.responses.get(sid, ())), len(led.tokens[Role.REWARD].get(sid, ()))]
+            for sid in sorted(ids)])
+        return self.stats.step_fields(
+            rewards=[led.rewards[x] for x in ids if x in led.rewards],
+            train_metrics=self.training.metrics.get(act.batch, {}), tau_shift=self.ctrl.tau_shift,
+            role_state={r: self.monitor.state(r, self.ctrl.sched[r]) for r in INFERENCE_ROLES})
 
     def finish(self) -> dict[str, Any]:
         for t in self.threads:
             t.join(timeout=60)
         self.training.finish()
-        return self.stats.summary(self)
+        ex = self.ex
+        return self.stats.summary(RunFacts(
+            shift_log=ex.shift_log, tau_shift=self.ctrl.tau_shift, trained_ids=self.training.trained_ids,
+            policy_version=self.ctrl.pipe.version, deaths=ex.deaths, lost_devices=sorted(ex.retired),
+            recoveries=ex.recoveries, wall_s=self.now))

@@ -9,17 +9,24 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pivotrl.engines.protocol import GenerationRequest, InferenceEngine, SamplingParams
 from pivotrl.rl.rewards import verifiable_score
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from pivotrl.config.rl import ChatConfig
+    from pivotrl.rl.data import Example
 
 #: sequence ids of validation requests: far above any run's, so a validation on a device of the
 #: cluster (`runtime.validation`) never meets a training sequence there
 _ids = itertools.count(1 << 40)
 
 
-def encode_prompt(tok: Any, messages: list[dict], max_len: int, chat: Any = None) -> list[int]:
+def encode_prompt(tok: PreTrainedTokenizerBase, messages: list[dict], max_len: int, chat: ChatConfig | None = None
+                  ) -> list[int]:
     """Token ids of `messages` with the generation prompt through `tok`'s chat template and the
     policy's `chat` settings (`models.policy.chat`: system prompt, `enable_thinking`); an error
     past `max_len`."""
@@ -32,7 +39,7 @@ def encode_prompt(tok: Any, messages: list[dict], max_len: int, chat: Any = None
     return ids
 
 
-def decode(tok: Any, ids: list[int]) -> str:
+def decode(tok: PreTrainedTokenizerBase, ids: list[int]) -> str:
     return tok.decode(ids, skip_special_tokens=True)
 
 
@@ -48,8 +55,9 @@ def sample(engine: InferenceEngine, prompts: list[list[int]], n: int, params: Sa
     return [[c.token_ids for c in done[i * n:(i + 1) * n]] for i in range(len(prompts))]
 
 
-def evaluate(engine: InferenceEngine, tok: Any, val: list, *, temperature: float, samples: int, seed: int,
-             max_prompt_len: int, max_tokens: int, chat: Any = None) -> dict[str, float]:
+def evaluate(engine: InferenceEngine, tok: PreTrainedTokenizerBase, val: list[Example], *, temperature: float,
+             samples: int, seed: int, max_prompt_len: int, max_tokens: int, chat: ChatConfig | None = None
+             ) -> dict[str, float]:
     """Held-out accuracy: `sampled` (at `temperature`, `samples` per prompt) and `greedy`."""
     prompts = [encode_prompt(tok, e.prompt, max_prompt_len, chat) for e in val]
     sampled = sample(engine, prompts, samples, SamplingParams(temperature=temperature, max_tokens=max_tokens),

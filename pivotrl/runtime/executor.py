@@ -38,7 +38,7 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from pivotrl.core.dispatch import Move
 from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
@@ -49,6 +49,7 @@ from pivotrl.runtime.outcomes import (Death, MoveResult, ShiftResult, TrainingRa
 from pivotrl.runtime.roles import EnginePlacement, RoleSpec, ShiftTiming
 
 if TYPE_CHECKING:
+    from pivotrl.runtime.cluster import Cluster
     from pivotrl.runtime.params import ParamSource
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ def _failed(exc: BaseException) -> bool:
 class Executor:
     """Executes moves and shift plans on the device actors of one cluster."""
 
-    def __init__(self, cluster: Any, specs: Callable[[Slot, int], RoleSpec], params: "ParamSource",
+    def __init__(self, cluster: Cluster, specs: Callable[[Slot, int], RoleSpec], params: ParamSource,
                  model_of: dict[Role, str], max_respawns: int = 3, respawn_window_s: float = 600.0,
                  train_recovery: Callable[[int], None] | None = None) -> None:
         self.cluster = cluster
@@ -112,7 +113,7 @@ class Executor:
         with self._lock:
             return self.actors[device], self.generation[device]
 
-    def handles(self, devices: Any) -> dict[int, tuple[Any, int]]:
+    def handles(self, devices: Iterable[int]) -> dict[int, tuple[Any, int]]:
         """`handle` of each of `devices`, all read at one instant."""
         with self._lock:
             return {d: (self.actors[d], self.generation[d]) for d in devices}

@@ -14,10 +14,17 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pivotrl.core.types import Role, Slot
 from pivotrl.runtime.roles import RoleSpec
+
+if TYPE_CHECKING:
+    from pivotrl.config import PivotConfig
+    from pivotrl.config.resolve import Resolved
+    from pivotrl.runtime.cluster import Cluster
+    from pivotrl.runtime.executor import Executor
+    from pivotrl.runtime.params import ParamSource
 
 log = logging.getLogger(__name__)
 
@@ -25,15 +32,15 @@ log = logging.getLogger(__name__)
 class Launch:
     """Cluster, executor and GPS of one real run; `close()` releases all of them."""
 
-    def __init__(self, cfg: Any, resolved: Any, policy_path: Path, genrm_path: Path, run_dir: Path) -> None:
+    def __init__(self, cfg: PivotConfig, resolved: Resolved, policy_path: Path, genrm_path: Path, run_dir: Path) -> None:
         self.cfg, self.r = cfg, resolved
         self.policy_path, self.genrm_path = Path(policy_path), Path(genrm_path)
         self.run_dir = Path(run_dir)
         self.checkpoint_dir = self.run_dir / "checkpoints"
         self._pg_file = self.run_dir / f".pg_init_{os.getpid()}_{time.time_ns()}"
-        self.cluster: Any = None
-        self.executor: Any = None
-        self.params: Any = None
+        self.cluster: Cluster | None = None
+        self.executor: Executor | None = None
+        self.params: ParamSource | None = None
         self.resume_path: Path | None = None
         self.resume_version = 0
 

@@ -11,13 +11,17 @@ calls.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import Role
 from pivotrl.deploy.events import (
     Dispatch, Event, Finish, Progress, PublishWeights, Record, Start, StartShift, StartTraining, StepDone, Tick,
 )
+
+if TYPE_CHECKING:
+    from pivotrl.deploy.base import Controller
+    from pivotrl.runtime.recorder import Recorder
 
 
 class Driver(Protocol):
@@ -61,7 +65,7 @@ class Driver(Protocol):
 class RunLoop:
     """Drive `ctrl` with `driver`; `recorder` writes the metrics rows, timeline and summary."""
 
-    def __init__(self, ctrl: Any, driver: Driver, recorder: Any) -> None:
+    def __init__(self, ctrl: Controller, driver: Driver, recorder: Recorder) -> None:
         self.ctrl, self.driver, self.rec = ctrl, driver, recorder
         self.done = False
         self.control_s = 0.0  # wall seconds inside the controller (scheduling and planning)

@@ -32,10 +32,14 @@ import collections
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import INFERENCE_ROLES, Role
+
+if TYPE_CHECKING:
+    from pivotrl.core.scheduler import ShiftAwareScheduler
+    from pivotrl.engines.protocol import EngineStats, PrefillSample
 
 #: Fit only once a role has this many decode samples with at least 3 distinct batch sizes N.
 MIN_FIT_SAMPLES = 24
@@ -67,7 +71,7 @@ class _RoleData:
     iters: collections.deque = field(default_factory=lambda: collections.deque(maxlen=MAX_SAMPLES))
     prefills: collections.deque = field(default_factory=lambda: collections.deque(maxlen=MAX_SAMPLES))
     tokens: collections.deque = field(default_factory=collections.deque)  # (time, tokens)
-    load: dict[int, Any] = field(default_factory=dict)  # device -> last EngineStats
+    load: dict[int, EngineStats] = field(default_factory=dict)  # device -> last stats
     fits: int = 0
 
 
@@ -78,7 +82,8 @@ class Monitor:
         self.window_s = window_s
         self.data: dict[Role, _RoleData] = {r: _RoleData() for r in INFERENCE_ROLES}
 
-    def ingest(self, role: Role, device: int, stats: Any, new_tokens: int, now: float | None = None) -> None:
+    def ingest(self, role: Role, device: int, stats: EngineStats | None, new_tokens: int, now: float | None = None
+               ) -> None:
         """One poll of `device` serving `role`: its EngineStats (samples drained) and new tokens."""
         if role not in self.data:
             return
@@ -117,7 +122,7 @@ class Monitor:
         """The per-sequence prefill samples (L, seconds) the fit uses (module docstring)."""
         return [p for batch in self.data[role].prefills for p in batch]
 
-    def state(self, role: Role, scheduler: Any = None, now: float | None = None) -> RoleState:
+    def state(self, role: Role, scheduler: ShiftAwareScheduler | None = None, now: float | None = None) -> RoleState:
         d = self.data[role]
         now = time.monotonic() if now is None else now
         recent = [(t, n) for t, n in d.tokens if t >= now - self.window_s]  # ingest ages them only on new tokens
@@ -133,7 +138,7 @@ class Monitor:
         return st
 
 
-def _per_sequence(sample: Any) -> tuple[tuple[float, float], ...]:
+def _per_sequence(sample: PrefillSample) -> tuple[tuple[float, float], ...]:
     """A batched `PrefillSample` as `num_seqs` samples of its per-sequence share (module docstring)."""
     m = max(1, int(getattr(sample, "num_seqs", 1) or 1))
     return ((sample.tokens / m, sample.seconds / m),) * m

@@ -1,14 +1,19 @@
 """What carrying out the control plane's decisions found out (plain data, no Ray): the result of a
-batch of scheduler moves and of a shift plan, one device death, the measured shift seconds the
-planner's `tau_shift` learns from, and the two training errors. `executor.py` produces them; the
-driver and the launch read them.
+batch of scheduler moves, of a shift plan and of a training step, one device death, the measured
+shift seconds the planner's `tau_shift` learns from, the two training errors, and a driver
+thread's failure. `executor.py` and `training.py` produce them; the driver and the launch read
+them (the driver's threads hand back a `ShiftResult`, a `TrainingResult` or a `ThreadFailed`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pivotrl.core.types import Role, ShiftPlan, Slot
+
+if TYPE_CHECKING:
+    from pivotrl.deploy.events import StartTraining
+    from pivotrl.engines.protocol import Completion
 
 
 @dataclass
@@ -17,7 +22,7 @@ class MoveResult:
 
     aborted: dict[int, list[int]] = field(default_factory=dict)
     """seq_id -> every token generated so far (the engine's count)."""
-    finished: list[tuple[int, Any]] = field(default_factory=list)
+    finished: list[tuple[int, Completion]] = field(default_factory=list)
     """(device, Completion) of sequences that finished before their abort reached the engine."""
     dead: set[int] = field(default_factory=set)
     """Devices found dead (already respawned, holding no role)."""
@@ -53,8 +58,29 @@ class TrainingStateLost(RuntimeError):
     """A trainer rank's state died with its device and cannot be rebuilt at the right version."""
 
 
+@dataclass(frozen=True)
+class TrainingResult:
+    """One training step done (trained, published, checkpoint started)."""
+
+    act: StartTraining
+    metrics: dict[str, float]
+    """The trainer's metrics of the step (rank 0's)."""
+    seconds: float
+    """The step's own seconds (the publish and the checkpoint's staging not included)."""
+
+
+@dataclass(frozen=True)
+class ThreadFailed:
+    """A driver thread (a shift or a training step) raised: the driver re-raises `error`."""
+
+    error: BaseException
+
+
 @dataclass
 class ShiftResult:
+    """One shift plan carried out: its halves' seconds, the new replicas' KV capacity, per-device
+    timings, devices found dead, and the error that stopped it (None: done)."""
+
     plan: ShiftPlan
     seconds: tuple[float, float] = (0.0, 0.0)
     kv_capacity: dict[str, int] = field(default_factory=dict)

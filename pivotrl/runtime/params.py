@@ -12,7 +12,12 @@ the policy continues from its checkpoint's version): `offset` converts.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from pivotrl.config.gps import GPSConfig
+    from pivotrl.engines.weight_sync import GPSWeights
+    from pivotrl.gps.store import GlobalParameterStore
 
 #: `cluster.gps.transport` values whose store device actors can read from their own processes.
 MULTI_PROCESS_TRANSPORTS = ("ray",)
@@ -21,13 +26,13 @@ MULTI_PROCESS_TRANSPORTS = ("ray",)
 class ParamSource:
     """Versioned parameters in GPS, shared by the driver and every device actor."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: GlobalParameterStore) -> None:
         self.store = store
         self.offset: dict[str, int] = {}
         """policy version = GPS version + offset (non-zero only after a resume)."""
 
     @classmethod
-    def create(cls, gps_cfg: Any, ray_node_ids: list[str]) -> "ParamSource":
+    def create(cls, gps_cfg: GPSConfig, ray_node_ids: list[str]) -> ParamSource:
         """A Ray store with one GPS node per entry of `ray_node_ids` (the Ray node of each group of
         devices). Needs Ray started; `cluster.gps.transport` must be a multi-process transport."""
         from pivotrl.gps.ray_transport import make_ray_store
@@ -60,7 +65,7 @@ class ParamSource:
         """The policy version of `model`'s current GPS version."""
         return self.policy_version(model, int(self.store.current_version(model)))
 
-    def weights(self, model: str) -> tuple[Any, int]:
+    def weights(self, model: str) -> tuple[GPSWeights, int]:
         """(what a device reads for `model` now, the policy version it holds): a
         `weight_sync.GPSWeights` at GPS's current version, read by the device itself."""
         from pivotrl.engines.weight_sync import GPSWeights

@@ -10,7 +10,7 @@ the devices are launched (`launch.py`, `cluster.py`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pivotrl.config.resolve import resolve
 from pivotrl.core.throughput import ThroughputModel
@@ -20,8 +20,15 @@ from pivotrl.core.types import INFERENCE_ROLES, Role
 #: has samples (measured once with the CPU engine: ~2-10 ms per iteration at small N).
 PRIOR_MODEL = ThroughputModel(A=1e-6, B=0.004, C=0.0004, D=0.002)
 
+if TYPE_CHECKING:
+    from pivotrl.config import PivotConfig
+    from pivotrl.config.resolve import Resolved
+    from pivotrl.deploy import ControlEnv
+    from pivotrl.deploy.pipeline import PromptSource
+    from pivotrl.logging.tracker import Tracker
 
-def control_env(cfg: Any, r: Any, source: Any) -> Any:
+
+def control_env(cfg: PivotConfig, r: Resolved, source: PromptSource) -> ControlEnv:
     """The controller's construction values of a real run."""
     from pivotrl.deploy import ControlEnv
 
@@ -35,7 +42,7 @@ def control_env(cfg: Any, r: Any, source: Any) -> Any:
         max_num_seqs={x: int(cfg.engine.max_num_seqs) for x in INFERENCE_ROLES})
 
 
-def check_kv_capacity(cfg: Any, judge_room: int) -> None:
+def check_kv_capacity(cfg: PivotConfig, judge_room: int) -> None:
     """Refuse an engine KV budget that cannot hold one request of each role: a sequence that fits
     no replica would wait forever. The policy's longest request is a prompt plus its response cap;
     the GenRM's is its judge prompt (prompt, response and `judge_room`, the judge template's tokens
@@ -60,7 +67,7 @@ def check_kv_capacity(cfg: Any, judge_room: int) -> None:
                               f"more than the {cap} tokens of KV one replica holds", cap, "engine")
 
 
-def check_tensor_parallel(cfg: Any) -> None:
+def check_tensor_parallel(cfg: PivotConfig) -> None:
     """A replica of several devices needs an engine that runs tensor parallelism (vLLM): the
     project's CPU engine hosts one device per replica."""
     from pivotrl.config.base import ConfigError
@@ -75,7 +82,7 @@ def check_tensor_parallel(cfg: Any) -> None:
                               f"models.{role}")
 
 
-def run_real(cfg: Any, run_dir: Path, tracker: Any) -> dict[str, Any]:
+def run_real(cfg: PivotConfig, run_dir: Path, tracker: Tracker | None) -> dict[str, Any]:
     """Validate, run the RL loop on real devices, validate again; always tear down."""
     import torch
 

@@ -8,13 +8,17 @@ the summary (`Driver.finish`); the tracker writes them (`metrics.jsonl`, `timeli
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pivotrl.deploy.events import StepDone
+    from pivotrl.logging.tracker import Tracker
 
 
 class Recorder:
     """Rows and summary of one run of controller mode `mode` on runtime `runtime`."""
 
-    def __init__(self, tracker: Any, *, mode: str, models: str, runtime: str, devices: int, steps: int,
+    def __init__(self, tracker: Tracker | None, *, mode: str, models: str, runtime: str, devices: int, steps: int,
                  warmup: int, prompts_per_step: int, group_size: int, console: str | None = None) -> None:
         self.tracker = tracker
         self.head = {"deploy": mode, "models": models, "cluster": runtime, "devices": devices}
@@ -28,7 +32,7 @@ class Recorder:
         if self.tracker is not None:
             self.tracker.log_event(kind, **fields)
 
-    def step(self, act: Any, now: float, fields: dict[str, Any]) -> dict[str, Any]:
+    def step(self, act: StepDone, now: float, fields: dict[str, Any]) -> dict[str, Any]:
         f = dict(act.fields)
         step_time = now - self.last_step_end
         row = {"step": act.step, "time_s": now, "step_time_s": step_time,

@@ -47,9 +47,20 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Optional, Union
 
 from pivotrl.core.types import Role
+
+if TYPE_CHECKING:
+    from pivotrl.config.engine import EngineConfig
+    from pivotrl.config.trainer import TrainerConfig
+    from pivotrl.engines.protocol import InferenceEngine
+    from pivotrl.engines.weight_sync import GPSWeights
+    from pivotrl.trainer.trainer_worker import TrainerWorker
+
+#: What a shift up loads: a GPS handle (the device reads its node's copy), a state dict, or None
+#: (the model folder's own weights; training reads nothing).
+Weights = Optional[Union["GPSWeights", Mapping[str, Any]]]
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +134,10 @@ class RoleSpec:
     """GPS model key (`policy` or `genrm`)."""
     model_path: str
     """Hugging Face folder the role is built from (weights are then replaced by a GPS read)."""
-    engine: Any = None
-    """`EngineConfig` for rollout/reward."""
-    trainer: Any = None
-    """`TrainerConfig` for training."""
+    engine: EngineConfig | None = None
+    """For rollout/reward."""
+    trainer: TrainerConfig | None = None
+    """For training."""
     rank: int = 0
     """Training rank of this device within the home set."""
     world_size: int = 1
@@ -173,7 +184,7 @@ class RoleHost(ABC):
         return self.spec.role
 
     @abstractmethod
-    def shift_up(self, weights: Any, version: int) -> ShiftTiming:
+    def shift_up(self, weights: Weights, version: int) -> ShiftTiming:
         """Make the role active; `weights`: what to load (`InferenceHost.shift_up`)."""
 
     @abstractmethod
@@ -184,7 +195,7 @@ class RoleHost(ABC):
         role's background work first (a trainer's checkpoint write); False when a peer died."""
 
 
-def build_engine(spec: RoleSpec) -> Any:
+def build_engine(spec: RoleSpec) -> InferenceEngine:
     """Construct the inference engine of `spec` through the engine registry (`engine.name` picks it)."""
     from pivotrl.engines.registry import create_engine
 
@@ -205,7 +216,7 @@ class InferenceHost(RoleHost):
         if spec.role not in (Role.ROLLOUT, Role.REWARD):
             raise ValueError(f"InferenceHost hosts rollout or reward, not {spec.role.value}")
         super().__init__(spec)
-        self.engine: Any = None
+        self.engine: InferenceEngine | None = None
         self._weights_kept = False  # released at level 1: the weights come back in place
 
     @property
@@ -218,7 +229,7 @@ class InferenceHost(RoleHost):
         (frozen) weights through a level-1 release."""
         return not (self.engine is not None and self._weights_kept)
 
-    def shift_up(self, weights: Any, version: int) -> ShiftTiming:
+    def shift_up(self, weights: Weights, version: int) -> ShiftTiming:
         """`weights`: a `weight_sync.GPSWeights` (read here, from this device's GPS node), a
         state dict, or None (the model folder's own weights)."""
         from pivotrl.engines.errors import EngineFailedError
@@ -305,7 +316,7 @@ class TrainHost(RoleHost):
         if spec.role != Role.TRAIN:
             raise ValueError(f"TrainHost hosts train, not {spec.role.value}")
         super().__init__(spec)
-        self.worker: Any = None
+        self.worker: TrainerWorker | None = None
 
     def _build(self) -> None:
         import torch.distributed as dist
@@ -322,7 +333,7 @@ class TrainHost(RoleHost):
         if self.spec.resume_from:
             self.worker.load_checkpoint(self.spec.resume_from)  # collective: every rank builds at once
 
-    def shift_up(self, weights: Any, version: int) -> ShiftTiming:
+    def shift_up(self, weights: Weights, version: int) -> ShiftTiming:
         del weights  # training is the GPS writer: it reloads its own state, reads nothing
         t0 = time.perf_counter()
         cold = self.worker is None
@@ -373,7 +384,7 @@ class MemberHost(RoleHost):
 
     CONTEXT = ContextDecl(temporary=(), parameters=(), offloadable=(), preserved=())
 
-    def shift_up(self, weights: Any, version: int) -> ShiftTiming:
+    def shift_up(self, weights: Weights, version: int) -> ShiftTiming:
         self.active = True
         return ShiftTiming(self.role.value, "up", 0.0, version=version, detail={"member_of": float(self.spec.leader)})
 

@@ -13,12 +13,23 @@ separate models end to end: each decodes its own tokens. Knows nothing about dev
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pivotrl.core.types import Role
 from pivotrl.runtime.ledger import Tokens
 
-def judge_template_tokens(genrm_tok: Any, judge: Any, chat: Any) -> int:
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from pivotrl.config import PivotConfig
+    from pivotrl.config.rl import ChatConfig, JudgeConfig
+    from pivotrl.engines.protocol import GenerationRequest
+    from pivotrl.rl.data import Example
+    from pivotrl.rl.rewards import RewardBreakdown
+    from pivotrl.trainer.train_batch import TrainBatch
+
+
+def judge_template_tokens(genrm_tok: PreTrainedTokenizerBase, judge: JudgeConfig, chat: ChatConfig) -> int:
     """Tokens a judge prompt adds to its question and response, measured: the GenRM's own
     rendering (`judge_prompt`: its chat template, system prompt and the chosen judge template's
     text) of an empty question and an empty response, in its tokenizer. A judge request is then at
@@ -60,8 +71,8 @@ class LocalPrompts:
 class Samples:
     """Requests, judge prompts, rewards and train batches of run `cfg` over `train_examples`."""
 
-    def __init__(self, cfg: Any, tok: Any, genrm_tok: Any, train_examples: list, prompts_per_step: int,
-                 group_size: int, max_response: int) -> None:
+    def __init__(self, cfg: PivotConfig, tok: PreTrainedTokenizerBase, genrm_tok: PreTrainedTokenizerBase,
+                 train_examples: list[Example], prompts_per_step: int, group_size: int, max_response: int) -> None:
         from pivotrl.rl.rewards import RewardFunction
 
         self.cfg, self.tok, self.genrm_tok, self.examples = cfg, tok, genrm_tok, train_examples
@@ -89,7 +100,7 @@ class Samples:
     def prompt_len(self, sid: int) -> int:
         return len(self.prompt_ids[self.example_of(sid)])
 
-    def request(self, role: Role, sid: int, generated: Tokens, judge_ids: list[int] | None) -> Any:
+    def request(self, role: Role, sid: int, generated: Tokens, judge_ids: list[int] | None) -> GenerationRequest:
         """The engine request of sequence `sid` of `role`, resuming from `generated`."""
         from pivotrl.engines.protocol import GenerationRequest, SamplingParams
 
@@ -105,7 +116,7 @@ class Samples:
         params = SamplingParams(temperature=j.temperature, top_p=j.top_p, max_tokens=j.max_tokens)
         return GenerationRequest(sid, judge_ids, params, generated=list(done), generated_logprobs=done.logprobs)
 
-    def text(self, ids: Any) -> str:
+    def text(self, ids: tuple[int, ...] | list[int]) -> str:
         """A policy response as text (the policy's tokenizer)."""
         return self.tok.decode(list(ids), skip_special_tokens=True)
 
@@ -116,13 +127,13 @@ class Samples:
         ex = self.examples[self.example_of(sid)]
         return judge_prompt(self.genrm_tok, ex.prompt, self.text(response.ids), self.judge, self.cfg.models.genrm.chat)
 
-    def score(self, sid: int, response: Tokens, judgement: Tokens) -> Any:
+    def score(self, sid: int, response: Tokens, judgement: Tokens) -> RewardBreakdown:
         ex = self.examples[self.example_of(sid)]
         return self.reward_fn(ex.data_source, self.text(response.ids), ex.ground_truth, ex.extra_info,
                               genrm_text=self.genrm_tok.decode(list(judgement.ids), skip_special_tokens=True))
 
     def train_batch(self, ids: list[int], rewards: dict[int, float], responses: dict[int, Tokens],
-                    versions: dict[int, int]) -> Any:
+                    versions: dict[int, int]) -> TrainBatch:
         """The GRPO batch of samples `ids`. The rollouts' behaviour log-probs become
         `old_log_probs`, so the trainer's importance ratio corrects for staleness; if any sample
         lacks them the batch carries none (the trainer then recomputes them: ratio 1), never a mix."""

@@ -1,11 +1,42 @@
 """A real run's own figures: event counts, device-seconds per role, the training busy time, the
 driver's dispatch time, and the fields they give each metrics row and the summary (the common
-ones are the `Recorder`'s)."""
+ones are the `Recorder`'s).
+
+Takes what it reports as arguments (`step_fields`, `summary`): the driver gathers them from its
+ledger, trainer, monitor, executor and controller through their public interfaces, so this file
+knows none of those.
+"""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from pivotrl.core.types import INFERENCE_ROLES, Role
+from pivotrl.core.types import Role
+
+if TYPE_CHECKING:
+    from pivotrl.rl.rewards import RewardBreakdown
+    from pivotrl.runtime.monitor import RoleState
+    from pivotrl.runtime.outcomes import Death
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the summary of a real run reports beyond this file's own counts."""
+
+    shift_log: list[dict[str, Any]]
+    """Every shift the executor carried out (`Executor.shift_log`)."""
+    tau_shift: Mapping[Role, float]
+    """The controller's shift-time estimate per role at the end."""
+    trained_ids: list[int]
+    """Every sample id trained, in order (a repeat would be a bug: reported as unique vs all)."""
+    policy_version: int
+    deaths: list[Death]
+    """Every device death (each respawned the device once)."""
+    lost_devices: list[int]
+    """Devices that left the pool (crash loops)."""
+    recoveries: list[dict[str, Any]]
+    """Trainer rebuilds from a checkpoint."""
+    wall_s: float
 
 
 class RealStats:
@@ -26,17 +57,12 @@ class RealStats:
         for r in roles:
             self.held[r.value if r is not None else "free"] += seconds
 
-    def step_fields(self, act: Any, drv: Any) -> dict[str, Any]:
-        """Row fields of the step that trained `act.batch`; also its `sample_lengths` record (read by
-        `pivotrl.report.records.RunRecords`): `[sample_id, prompt_tokens, response_tokens,
-        genrm_tokens]`, one row per trained sample in id order."""
-        led, s = drv.ledger, drv.s
-        ids = [x for x in drv.training.trained_ids if s.batch_of(x) == act.batch]
-        drv.record_event("sample_lengths", batch=int(act.batch), samples=[
-            [int(sid), s.prompt_len(sid), len(led.responses.get(sid, ())), len(led.tokens[Role.REWARD].get(sid, ()))]
-            for sid in sorted(ids)])
-        rw = [led.rewards[x] for x in ids if x in led.rewards]
-        tm = drv.training.metrics.get(act.batch, {})
+    def step_fields(self, rewards: list[RewardBreakdown], train_metrics: Mapping[str, float],
+                    tau_shift: Mapping[Role, float], role_state: Mapping[Role, RoleState]) -> dict[str, Any]:
+        """Row fields of one trained step: the rewards of its samples (in training order), the
+        trainer's metrics of the step, the controller's shift-time estimates and each inference
+        role's state now."""
+        rw, tm = rewards, train_metrics
         n = max(1, len(rw))
         return {
             "reward_mean": sum(r.total for r in rw) / n, "train_accuracy": sum(r.verifiable for r in rw) / n,
@@ -48,23 +74,23 @@ class RealStats:
             # step's proximal policy); behaviour_is_*: how far off-policy the batch was (decoupled)
             "ratio_mean": tm.get("ratio_mean"), "clipfrac": tm.get("clipfrac"), "approx_kl": tm.get("approx_kl"),
             "behaviour_is_mean": tm.get("behaviour_is_mean"), "behaviour_is_truncated": tm.get("behaviour_is_truncated"),
-            "tau_shift": {r.value: v for r, v in drv.ctrl.tau_shift.items()},
-            "role_state": {r.value: vars(drv.monitor.state(r, drv.ctrl.sched[r])) for r in INFERENCE_ROLES},
+            "tau_shift": {r.value: v for r, v in tau_shift.items()},
+            "role_state": {r.value: vars(s) for r, s in role_state.items()},
             "dispatch_s": self.dispatch_s, **self.counts,
         }
 
-    def summary(self, drv: Any) -> dict[str, Any]:
-        c = self.counts
+    def summary(self, facts: RunFacts) -> dict[str, Any]:
+        c, f = self.counts, facts
         return {
             "ideal_efficiency": None,  # no per-device peak is measured on shared cores
-            "num_shifts": c["shifts"], "shift_log": drv.ex.shift_log,
-            "tau_shift": {r.value: v for r, v in drv.ctrl.tau_shift.items()},
+            "num_shifts": c["shifts"], "shift_log": f.shift_log,
+            "tau_shift": {r.value: v for r, v in f.tau_shift.items()},
             "train_busy_device_s": self.train_busy_s, "device_seconds_by_role": dict(self.held),
-            "samples_trained": len(drv.training.trained_ids), "samples_trained_unique": len(set(drv.training.trained_ids)),
-            "policy_version": drv.ctrl.pipe.version, "device_deaths": c["device_deaths"],
+            "samples_trained": len(f.trained_ids), "samples_trained_unique": len(set(f.trained_ids)),
+            "policy_version": f.policy_version, "device_deaths": c["device_deaths"],
             # every death respawns the device once; a crash-looping one then leaves the pool
-            "respawns": len(drv.ex.deaths), "lost_devices": sorted(drv.ex.retired),
-            "training_recoveries": list(drv.ex.recoveries),
+            "respawns": len(f.deaths), "lost_devices": sorted(f.lost_devices),
+            "training_recoveries": list(f.recoveries),
             "aborts": c["aborts"], "resumes": c["resumes"], "stale_completions_dropped": c["stale_completions"],
-            "batches_without_behaviour_logprobs": c["logprobs_missing"], "wall_s": drv.now,
+            "batches_without_behaviour_logprobs": c["logprobs_missing"], "wall_s": f.wall_s,
         }

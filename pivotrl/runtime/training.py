@@ -18,19 +18,31 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Callable
 
 from pivotrl.runtime.faults import point
-from pivotrl.runtime.outcomes import TrainingRankDied
+from pivotrl.runtime.outcomes import TrainingRankDied, TrainingResult
+
+if TYPE_CHECKING:
+    from pivotrl.config import PivotConfig
+    from pivotrl.deploy.events import StartTraining
+    from pivotrl.runtime.executor import Executor
+    from pivotrl.runtime.launch import Launch
+    from pivotrl.runtime.ledger import SequenceLedger
+    from pivotrl.runtime.samples import Samples
+    from pivotrl.runtime.stats import RealStats
 
 log = logging.getLogger(__name__)
 
 
 class TrainingSteps:
-    """The training side of a `DeviceDriver` (module docstring)."""
+    """The training side of a `DeviceDriver` (module docstring): counts into `stats`, timeline
+    records through `record_event(kind, **fields)`."""
 
-    def __init__(self, cfg: Any, executor: Any, samples: Any, ledger: Any, launch: Any, driver: Any) -> None:
-        self.cfg, self.ex, self.s, self.ledger, self.launch, self.driver = cfg, executor, samples, ledger, launch, driver
+    def __init__(self, cfg: PivotConfig, executor: Executor, samples: Samples, ledger: SequenceLedger, launch: Launch,
+                 stats: RealStats, record_event: Callable[..., None]) -> None:
+        self.cfg, self.ex, self.s, self.ledger, self.launch = cfg, executor, samples, ledger, launch
+        self.stats, self.record_event = stats, record_event
         self.trained_ids: list[int] = []
         self.metrics: dict[int, dict[str, float]] = {}
         self.home: tuple[int, ...] = ()  # the devices of the last step (the checkpoint in flight is theirs)
@@ -40,9 +52,8 @@ class TrainingSteps:
         return (f"device(s) {devices} (training rank) died ({why}); the trainer's process group is lost, so "
                 f"the run stops; {self.launch.resume_hint()}")
 
-    def run(self, act: Any) -> tuple:
-        """Train batch `act.batch` on `act.devices`, publish, checkpoint: `("train", act, metrics, s)`,
-        `s` the step's own seconds (the publish and the checkpoint's staging not included)."""
+    def run(self, act: StartTraining) -> TrainingResult:
+        """Train batch `act.batch` on `act.devices`, publish, checkpoint."""
         import ray
 
         dup = set(act.sample_ids) & set(self.trained_ids)
@@ -53,7 +64,7 @@ class TrainingSteps:
         batch = self.s.train_batch(act.sample_ids, {sid: led.rewards[sid].total for sid in act.sample_ids},
                                    led.responses, led.versions)
         if batch.old_log_probs is None:
-            self.driver.counts["logprobs_missing"] += 1
+            self.stats.counts["logprobs_missing"] += 1
             log.warning("batch %d: some samples have no behaviour log-probs; training them as on-policy", act.batch)
         t0 = time.perf_counter()
         ref = ray.put(batch)
@@ -71,25 +82,25 @@ class TrainingSteps:
         except TrainingRankDied as e:
             raise RuntimeError(self.died(e.devices, f"during {e.method} of batch {act.batch}")) from None
         self.metrics[act.batch] = metrics
-        return ("train", act, metrics, secs)
+        return TrainingResult(act, metrics, secs)
 
-    def _publish(self, act: Any, version: int) -> None:
+    def _publish(self, act: StartTraining, version: int) -> None:
         params = self.ex.params
         pub = self.ex.train_call(act.devices, "publish", params.store, "policy")[0]
         published = params.policy_version("policy", int(pub["gps_version"]))
         if published != version:
             raise RuntimeError(f"batch {act.batch}: the trainer is at policy version {version} but its "
                                f"publish made GPS hold version {published}")
-        self.driver.record_event("weight_publish", version=version, seconds=float(pub["seconds"]))
+        self.record_event("weight_publish", version=version, seconds=float(pub["seconds"]))
 
-    def _checkpoint(self, act: Any, version: int) -> None:
+    def _checkpoint(self, act: StartTraining, version: int) -> None:
         from pivotrl.trainer.trainer_checkpoint import checkpoint_dir
 
         path = str(checkpoint_dir(self.launch.checkpoint_dir, version))
         t0 = time.perf_counter()
         blocking = not bool(self.cfg.train.checkpoint_async)
         self.ex.train_call(act.devices, "save_checkpoint", path, {"step": version, "batch": act.batch}, blocking)
-        self.driver.record_event("checkpoint", version=version, path=path, background=not blocking,
+        self.record_event("checkpoint", version=version, path=path, background=not blocking,
                                  step_blocked_s=time.perf_counter() - t0)
 
     def _wait_checkpoint(self, devices: tuple[int, ...], when: str) -> None:
@@ -98,7 +109,7 @@ class TrainingSteps:
         t0 = time.perf_counter()
         done = [p for p in self.ex.train_call(devices, "wait_checkpoint") if p]
         if done:
-            self.driver.record_event("checkpoint_finished", path=done[0], when=when, wait_s=time.perf_counter() - t0)
+            self.record_event("checkpoint_finished", path=done[0], when=when, wait_s=time.perf_counter() - t0)
 
     def finish(self) -> None:
         """The end of the run: wait for the checkpoint in flight."""

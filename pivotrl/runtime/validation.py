@@ -22,26 +22,35 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from pivotrl.core.types import Role, ShiftPlan, Slot
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from pivotrl.config import PivotConfig
+    from pivotrl.config.resolve import Resolved
+    from pivotrl.engines.protocol import Completion, GenerationRequest
+    from pivotrl.rl.data import Example
+    from pivotrl.runtime.executor import Executor
 
 
 class RemoteEngine:
     """`generate` on device actor `actor` (module docstring)."""
 
-    def __init__(self, actor: Any, device: int, poll_s: float, idle_limit_s: float = 300.0) -> None:
+    def __init__(self, actor: Any, device: int, poll_s: float, idle_limit_s: float = 300.0) -> None:  # a Ray actor
         self.actor, self.device = actor, device
         self.poll_s, self.idle_limit_s = float(poll_s), float(idle_limit_s)
 
-    def generate(self, requests: list[Any]) -> list[Any]:
+    def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
         """Completions of `requests`, in their order."""
         import ray
 
         requests = list(requests)
         want = {r.seq_id for r in requests}
         ray.get(self.actor.submit.remote(requests))
-        done: dict[int, Any] = {}
+        done: dict[int, Completion] = {}
         last = time.monotonic()
         while len(done) < len(want):
             res = ray.get(self.actor.poll.remote(self.poll_s))
@@ -57,7 +66,7 @@ class RemoteEngine:
         return [done[r.seq_id] for r in requests]
 
 
-def _free_slot(ex: Any, tp: int) -> Slot:
+def _free_slot(ex: Executor, tp: int) -> Slot:
     n = len(ex.actors)
     for first in range(0, n - tp + 1, tp):
         slot = Slot(Role.ROLLOUT, first, tp)
@@ -68,7 +77,7 @@ def _free_slot(ex: Any, tp: int) -> Slot:
 
 
 @contextlib.contextmanager
-def rollout_replica(ex: Any, tp: int, slot: Slot | None = None) -> Iterator[tuple[Any, int]]:
+def rollout_replica(ex: Executor, tp: int, slot: Slot | None = None) -> Iterator[tuple[Any, int]]:
     """(actor, device) of a rollout replica serving the policy's current version (module
     docstring): one serving already, else one shifted up on `slot` (a rollout slot of `tp`
     devices, none retired) or on the pool's first free aligned slot; raises the shift's own error
@@ -103,7 +112,8 @@ def rollout_replica(ex: Any, tp: int, slot: Slot | None = None) -> Iterator[tupl
             raise back.error
 
 
-def val_accuracy(cfg: Any, r: Any, ex: Any, tok: Any, val: list, slot: Slot | None = None) -> dict[str, float]:
+def val_accuracy(cfg: PivotConfig, r: Resolved, ex: Executor, tok: PreTrainedTokenizerBase, val: list[Example],
+                 slot: Slot | None = None) -> dict[str, float]:
     """Held-out accuracy of the policy's current version, on a rollout replica of the cluster
     (`slot`: where to shift one up if none serves, as `rollout_replica`)."""
     from pivotrl.runtime.evaluation import evaluate

@@ -44,7 +44,7 @@ import copy
 import dataclasses
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pivotrl.core.throughput import ThroughputModel
 from pivotrl.core.types import INFERENCE_ROLES, Role
@@ -53,6 +53,10 @@ from pivotrl.sim.runtime import SimRuntime
 from pivotrl.sim.setup import SimSetup
 from pivotrl.sim.timemodel import RoleCosts
 from pivotrl.sim.workload import BatchedLengths, SampleLengths
+
+if TYPE_CHECKING:
+    from pivotrl.config import PivotConfig
+    from pivotrl.logging.tracker import Tracker
 
 
 class ReplayWorkload(BatchedLengths):
@@ -226,7 +230,7 @@ class ReplayRuntime(SimRuntime):
     """`SimRuntime` whose training, shift and publish times come from `ReplayConstants` (through
     the simulator's physics hooks), with the shared-cores contention model when `consts.cores`."""
 
-    def __init__(self, setup: SimSetup, consts: ReplayConstants, tracker: Any = None) -> None:
+    def __init__(self, setup: SimSetup, consts: ReplayConstants, tracker: Tracker | None = None) -> None:
         import weakref
 
         super().__init__(setup, tracker)
@@ -295,7 +299,7 @@ class ReplaySetup(SimSetup):
         return env
 
 
-def replay_setup(cfg: Any, consts: ReplayConstants, workload: ReplayWorkload, steps: int,
+def replay_setup(cfg: PivotConfig, consts: ReplayConstants, workload: ReplayWorkload, steps: int,
                  warmup: int, num_devices: int) -> SimSetup:
     """A `SimSetup` for `cfg` (a composed `cluster=sim` config of the same mode) with the fitted
     constants: role costs from the fitted models and measured shift times, the recorded workload."""
@@ -315,8 +319,8 @@ def replay_setup(cfg: Any, consts: ReplayConstants, workload: ReplayWorkload, st
     return setup
 
 
-def replay(cfg: Any, consts: ReplayConstants, workload: ReplayWorkload, steps: int, warmup: int,
-           num_devices: int, tracker: Any = None) -> dict[str, Any]:
+def replay(cfg: PivotConfig, consts: ReplayConstants, workload: ReplayWorkload, steps: int, warmup: int,
+           num_devices: int, tracker: Tracker | None = None) -> dict[str, Any]:
     """Run the replay; returns the sim's summary (its `step_time_s` is the predicted step times)
     plus `step_rows`, the sim's per-step records (phase times: rollout_done_at, reward_done_at, ...)."""
     rt = ReplayRuntime(replay_setup(cfg, consts, workload, steps, warmup, num_devices), consts, tracker)
@@ -335,7 +339,7 @@ def inference_phase_s(rows: list[dict[str, Any]], warmup: int) -> float:
     return tot
 
 
-def fit_engine_slowdown(cfg: Any, consts: ReplayConstants, workload: ReplayWorkload, rec: RunRecords,
+def fit_engine_slowdown(cfg: PivotConfig, consts: ReplayConstants, workload: ReplayWorkload, rec: RunRecords,
                         lo: float = 1.0, hi: float = 64.0, iters: int = 12) -> float:
     """The `engine_slowdown` at which the replay's inference phases (release to last judgement,
     summed over the measured steps) take as long as the run's: bisection on a log scale (the

@@ -6,14 +6,17 @@ unless `deploy.allocation` is given; the run itself is `runtime.simulate`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pivotrl.config import PivotConfig
 from pivotrl.sim.runtime import simulate
 from pivotrl.sim.sweep import resolve_allocation
 
+if TYPE_CHECKING:
+    from pivotrl.logging.tracker import Tracker
 
-def run_sim(cfg: PivotConfig, run_dir: Path, tracker: Any) -> dict[str, Any]:
+
+def run_sim(cfg: PivotConfig, run_dir: Path, tracker: Tracker | None) -> dict[str, Any]:
     """`cluster=sim` entry (pivotrl.run's registry): resolve the allocation (sweeping baselines to
     their best static split unless `deploy.allocation` is given), simulate, and return the summary."""
     alloc, info = resolve_allocation(cfg, progress=bool(cfg.logging.progress))

@@ -22,7 +22,7 @@ abort a running sequence). Scheduler dispatch between snapshots sees K up to one
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from pivotrl.config import PivotConfig
 from pivotrl.config.resolve import resolve
@@ -39,6 +39,12 @@ from pivotrl.sim.metrics import RunStats
 from pivotrl.sim.sampling import ThroughputSampler
 from pivotrl.sim.setup import SimSetup
 
+if TYPE_CHECKING:
+    from pivotrl.core.types import ShiftPlan
+    from pivotrl.deploy.events import Event
+    from pivotrl.logging.tracker import Tracker
+    from pivotrl.runtime.recorder import Recorder
+
 PHASED_MODES = ("colocated", "rr_colocated")  # swap models on a shared pool at phase boundaries
 STUCK_S = 3600.0  # simulated seconds with only ticks happening and nothing scheduled = deadlocked
 LOW_FRACTION = 0.2  # "below 20 % of peak per-device throughput" (paper Fig. 3)
@@ -50,7 +56,7 @@ class SimRuntime:
     name = "simulation"
     fit_every_s = None  # the simulated engines run on the model the controller has
 
-    def __init__(self, setup: SimSetup, tracker: Any = None, progress: bool = False) -> None:
+    def __init__(self, setup: SimSetup, tracker: Tracker | None = None, progress: bool = False) -> None:
         self.s = setup
         self.cfg = setup.cfg
         self.tracker = tracker
@@ -65,7 +71,7 @@ class SimRuntime:
         ctx = self._contexts()
         self.peak = {r: c.peak_per_device(ctx[r]) for r, c in setup.costs.items()}
         self.stats = RunStats(setup, self.peak)
-        self.rec: Any = None  # the run's `Recorder` (rows, measurement window), set by `run`
+        self.rec: Recorder | None = None  # the run's `Recorder` (rows, measurement window), set by `run`
         self.progress = progress
         self._bar = None
         self._last_progress = 0.0
@@ -116,7 +122,7 @@ class SimRuntime:
     def idle(self) -> bool:
         return self.queue.empty()
 
-    def wait(self) -> Iterator[Any]:
+    def wait(self) -> Iterator[Event]:
         """The next event(s) of the queue; a generator, so a replica's finishes interleave with the
         controller's reactions to each (exactly as one engine step would deliver them)."""
         smp = self.sampler
@@ -151,7 +157,7 @@ class SimRuntime:
             yield TrainingDone(self.t, batch=b, version=v, seconds=secs - (reshard or 0.0), progress=self._snapshot(),
                                reshard_s=reshard)
 
-    def _on_replica(self, rid: str) -> Iterator[Any]:
+    def _on_replica(self, rid: str) -> Iterator[Event]:
         rep = self.replicas[rid]
         rep.advance(self.t)
         role = self.role_of[rid]
@@ -267,7 +273,7 @@ class SimRuntime:
                                                                         reshard))
 
     # ------------------------------------------------------------------ physics hooks (subclasses)
-    def shift_seconds(self, plan: Any) -> tuple[float, float]:
+    def shift_seconds(self, plan: ShiftPlan) -> tuple[float, float]:
         """(down, up) seconds of `plan`: the slowest replica of each half (the time model's). The
         phased modes with `models.sim.phase_switch: sleep` swap inference models by vLLM
         sleep/wake (weights only, `RoleCosts.swap_s` each way), as verl's colocated engines do."""
@@ -308,6 +314,6 @@ class SimRuntime:
 
 
 def simulate(cfg: PivotConfig, allocation: dict[Role, int] | None = None, steps: int | None = None,
-             tracker: Any = None, progress: bool = False) -> dict[str, Any]:
+             tracker: Tracker | None = None, progress: bool = False) -> dict[str, Any]:
     """One simulated run with a given allocation; returns its summary."""
     return SimRuntime(SimSetup.from_config(cfg, allocation, steps), tracker, progress).run()

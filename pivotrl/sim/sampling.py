@@ -13,12 +13,15 @@ Advancing a replica in pieces is exact (`SimReplica`), so sampling never changes
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pivotrl.core.planner import eq1_throughput
 from pivotrl.core.types import INFERENCE_ROLES, Role
 from pivotrl.sim.engine import SimReplica
 from pivotrl.sim.metrics import RunStats
+
+if TYPE_CHECKING:
+    from pivotrl.deploy.base import Controller
 
 
 class ThroughputSampler:
@@ -39,7 +42,7 @@ class ThroughputSampler:
             out[role_of[rid]] += rep.tokens
         return out
 
-    def sample(self, now: float, ctrl: Any, replicas: Mapping[str, SimReplica], role_of: Mapping[str, Role],
+    def sample(self, now: float, ctrl: Controller, replicas: Mapping[str, SimReplica], role_of: Mapping[str, Role],
                stats: RunStats) -> dict[str, Any]:
         """The record at `now` (appended to `stats.samples`; the caller logs it)."""
         sch = ctrl.sched

@@ -1,6 +1,6 @@
 """The bootstrap's derived stages (`pivotrl.models.bootstrap_derived`): the upcycled Qwen3-MoE GenRM
 and the bf16 folders, built from a cached dense entry without rebuilding it. Fast tests use tiny
-step counts in a tmp cache; the `slow` test builds the default MoE GenRM and checks that it judges."""
+step counts in a tmp cache; the `slow` test checks that the shipped default MoE GenRM judges."""
 from __future__ import annotations
 
 import json
@@ -115,13 +115,22 @@ def test_bad_genrm_arch_names_the_full_config_path() -> None:
 
 @pytest.mark.slow
 def test_default_moe_genrm_judges() -> None:
-    """The default MoE GenRM, from the default (cached) dense bootstrap: about 4 min of SFT on 2
-    cores the first time (cached after). It judges the policy's samples."""
+    """The default MoE GenRM as it ships (bf16, `pivotrl.models.shipped`), loaded from its folder,
+    judges the dense policy's sampled held-out responses again here: it agrees with correctness
+    (its recipe's rebuild is `python -m pivotrl.models.bootstrap --ship`, which reports the same)."""
+    from pivotrl.models.bootstrap_derived import policy_samples
+    from pivotrl.models.sft import evaluate_genrm
+
     torch.set_num_threads(1)
-    res = bootstrap(BootstrapConfig(genrm_arch="qwen3_moe"), progress=False)
-    assert load_tiny_model(res.genrm_path)[0].config.model_type == "qwen3_moe"
-    g = res.report["genrm_on_policy_samples"]
+    cfg = BootstrapConfig(genrm_arch="qwen3_moe", dtype="bfloat16")
+    res = bootstrap(cfg, progress=False)
+    model, tok = load_tiny_model(res.genrm_path)
+    assert model.config.model_type == "qwen3_moe" and model.dtype == torch.bfloat16
+    dense = bootstrap(BootstrapConfig(), progress=False)
+    val, responses, _ = policy_samples(dense, cfg, DataConfig())
+    g = evaluate_genrm(model.eval(), tok, val, responses)
     assert g["auc"] >= 0.8 and g["parse_failures"] <= 0.05 * g["n"], g
+    assert abs(g["auc"] - res.report["genrm_on_policy_samples"]["auc"]) <= 0.02  # what the stage reported
 
 
 #: bf16 on both sides: measured 0.040-0.046 on the default MoE GenRM at TP 1 and 2 (BENCHMARKS.md,
