@@ -30,12 +30,19 @@ class ElasticView:
     """Seconds to move the trainer's state from the home layout to another and back, measured."""
     backlog: Mapping[Role, float] = field(default_factory=dict)
     """Tokens of inference work already released per role (running, queued, and for reward the
-    judgements of responses not finished yet), estimated from the finished ones' mean lengths."""
+    judgements of responses not finished yet), estimated from the finished sequences' lengths."""
+    tail_s: Mapping[Role, float] = field(default_factory=dict)
+    """Per role, the seconds its longest sequence in flight still needs at one sequence's decode
+    speed: no number of replicas drains the role's work sooner (one replica left is enough)."""
+    replica_throughput: Mapping[Role, float] = field(default_factory=dict)
+    """Per role, the modelled tokens/s of one of its replicas now (its mean; 0 without replicas)."""
     rate: float = 0.0
     """The run's tokens per second (converts `benefit_s` into the record's tokens; 0: unknown)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backlog", MappingProxyType(dict(self.backlog)))
+        object.__setattr__(self, "tail_s", MappingProxyType(dict(self.tail_s)))
+        object.__setattr__(self, "replica_throughput", MappingProxyType(dict(self.replica_throughput)))
         if not self.sizes or list(self.sizes) != sorted(set(self.sizes)) or self.sizes[0] < 1:
             raise ValueError(f"ElasticView.sizes must be ascending distinct world sizes >= 1, got {self.sizes}")
 

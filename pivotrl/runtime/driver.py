@@ -234,6 +234,7 @@ class DeviceDriver:
             for rec in self.ex.recoveries[len(self.recorded_recoveries):]:
                 self.recorded_recoveries.append(rec)
                 self.record_event("training_recovered", **rec)
+            self.training.shifted(res)
             self.record_event("shift_timing", role_up=res.plan.role_up.value, down_s=res.seconds[0],
                               up_s=res.seconds[1], devices=res.timings, dead=sorted(res.dead),
                               measured={r.value: v for r, v in res.measured.items()})
@@ -241,9 +242,9 @@ class DeviceDriver:
                             progress=self.ledger.counts(), measured=res.measured)
         elif isinstance(item, TrainingResult):
             act, secs = item.act, item.seconds
-            self.stats.train_busy_s += secs * len(act.devices)
+            self.stats.train_busy_s += secs * (item.world or len(act.devices))
             yield TrainingDone(self.now, batch=act.batch, version=int(item.metrics["version"]), seconds=secs,
-                               progress=self.ledger.counts())
+                               progress=self.ledger.counts(), world=item.world, reshard_s=item.reshard_s)
         else:
             raise TypeError(f"a driver thread returned {type(item).__name__}")
 

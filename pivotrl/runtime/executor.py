@@ -443,21 +443,22 @@ class Executor:
     # ------------------------------------------------------------------ training (collective)
     def train_call(self, devices: tuple[int, ...], method: str, *args: Any) -> list[Any]:
         """One collective call on every training rank. A dead rank raises `TrainingRankDied`
-        naming its device (the group cannot finish the call without it)."""
+        naming its device (the group cannot finish the call without it), whatever the other
+        ranks raised; else the first rank's error is raised."""
         import ray
 
         h = self.handles(devices)
         refs = [getattr(h[d][0], method).remote(*args) for d in devices]
-        out, dead = [], []
+        out, dead, failed = [], [], []
         for d, ref in zip(devices, refs):
             try:
                 out.append(ray.get(ref))
             except Exception as e:
-                if not _dead(e):
-                    raise
-                dead.append(d)
-        if dead:
-            raise TrainingRankDied(dead, method)
+                (dead if _dead(e) else failed).append((d, e))
+        if dead:  # the survivors' errors (their collectives lost a peer) follow from it
+            raise TrainingRankDied([d for d, _ in dead], method)
+        if failed:
+            raise failed[0][1]
         return out
 
     def close(self) -> None:

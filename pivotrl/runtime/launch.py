@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pivotrl.core.types import Role, Slot
+from pivotrl.runtime.elastic import TrainerGroups
 from pivotrl.runtime.roles import RoleSpec
 
 if TYPE_CHECKING:
@@ -37,7 +36,10 @@ class Launch:
         self.policy_path, self.genrm_path = Path(policy_path), Path(genrm_path)
         self.run_dir = Path(run_dir)
         self.checkpoint_dir = self.run_dir / "checkpoints"
-        self._pg_file = self.run_dir / f".pg_init_{os.getpid()}_{time.time_ns()}"
+        tr = int(resolved.allocation.get("train") or 0)
+        home = Slot(Role.TRAIN, resolved.num_devices - tr, tr) if resolved.mode == "pivot" and tr else None
+        self.groups = TrainerGroups(self.run_dir, home)
+        """The trainer's process groups and, with elastic training, its state in GPS (`elastic.py`)."""
         self.cluster: Cluster | None = None
         self.executor: Executor | None = None
         self.params: ParamSource | None = None
@@ -55,6 +57,8 @@ class Launch:
         self.params = ParamSource.create(self.cfg.cluster.gps, self.cluster.ray_node_ids())
         self.params.register_hf("policy", str(self.policy_path), frozen=False)
         self.params.register_hf("genrm", str(self.genrm_path), frozen=True)
+        if getattr(self.r.planner, "elastic_training", False) and self.groups.home is not None:
+            self.groups.register(self.params, self.policy_path)
         if bool(self.cfg.train.resume):
             self._find_checkpoint()
         cl = self.cfg.cluster
@@ -92,6 +96,12 @@ class Launch:
         from pivotrl.trainer.trainer_checkpoint import checkpoint_dir, latest_checkpoint
         from pivotrl.runtime.outcomes import TrainingStateLost
 
+        if self.groups.holds_version(version):  # elastic training: GPS holds the state at this version
+            self.groups.reset()
+            log.warning("training state lost: rebuilding the trainer from its state in host memory (version %d)",
+                        version)
+            return
+        self.groups.ready = False  # rebuilt from the checkpoint; the next step writes GPS's state again
         if int(version) != self.resume_version:
             ck = checkpoint_dir(self.checkpoint_dir, int(version))
             if not (ck / "trainer_state.json").is_file():
@@ -102,17 +112,19 @@ class Launch:
                     f"train.checkpoint_every={self.cfg.train.checkpoint_every}): the run stops rather than "
                     f"train on from a wrong version; {self.resume_hint()}")
             self.resume_path = ck
-        self._pg_file.unlink(missing_ok=True)
-        self._pg_file = self.run_dir / f".pg_init_{os.getpid()}_{time.time_ns()}"
+        self.groups.reset()
         log.warning("training state lost: rebuilding the trainer from %s (version %d)",
                     self.resume_path or "the base policy", version)
 
     def role_spec(self, slot: Slot, index: int) -> RoleSpec:
         """What device `index` of `slot` must become (the executor calls this on shift up)."""
         if slot.role == Role.TRAIN:
+            g = self.groups
+            # once GPS holds the trainer's state, every new group is built from it (any world size)
+            resume = str(self.resume_path) if self.resume_path and not g.ready else None
             return RoleSpec(Role.TRAIN, "policy", str(self.policy_path), trainer=self.r.trainer(self.cfg, slot.tp),
-                            rank=index, world_size=slot.tp, init_method=f"file://{self._pg_file}",
-                            resume_from=str(self.resume_path) if self.resume_path else None)
+                            rank=index, world_size=slot.tp, init_method=g.url(slot), resume_from=resume,
+                            state=g.state if g.ready or resume is None else None, preserve=g.preserve(slot))
         path = self.policy_path if slot.role == Role.ROLLOUT else self.genrm_path
         # a replica of several devices: its first device runs the engine with tensor parallelism
         # across the slot; every other device of the slot is a member holding nothing
@@ -134,4 +146,4 @@ class Launch:
                     if self.cluster is not None:
                         self.cluster.shutdown()
                 finally:
-                    self._pg_file.unlink(missing_ok=True)
+                    self.groups.close()

@@ -43,7 +43,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["META", "StateHandle", "read_state", "register_state", "state_bytes", "state_spec", "write_state"]
+__all__ = ["META", "StateHandle", "read_state", "register_state", "state_bytes", "state_spec", "stored_version",
+           "write_state"]
 
 #: The stored name of the meta blob, and its size (JSON, zero-padded; 8-byte length prefix).
 META = "__meta__"
@@ -250,6 +251,18 @@ def _open(store: Any, name: str, version: int):
     dev = Device(0 if node is None else node, 0)
     res = store.read(name, [dev], Layout(), version=version)
     return res, res.shards[dev]
+
+
+def stored_version(store: Any, name: str) -> int | None:
+    """The policy version of the state GPS model `name` holds now (None: none written yet)."""
+    v = int(store.current_version(name))
+    if v < 0:
+        return None
+    lease, views = _open(store, name, v)
+    try:
+        return int(_decode(views[META])["version"])
+    finally:
+        lease.release()
 
 
 def read_state(worker: Any, store: Any, name: str) -> dict[str, float]:
