@@ -54,6 +54,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Seconds a collective training call waits for the other ranks once one rank's actor is dead (their
+#: collective lost a peer; one still blocked after this is left to the caller's restart).
+PEER_GRACE_S = 30.0
+
 
 
 def _dead(exc: BaseException) -> bool:
@@ -444,22 +448,31 @@ class Executor:
     def train_call(self, devices: tuple[int, ...], method: str, *args: Any) -> list[Any]:
         """One collective call on every training rank. A dead rank raises `TrainingRankDied`
         naming its device (the group cannot finish the call without it), whatever the other
-        ranks raised; else the first rank's error is raised."""
+        ranks raised (waiting at most `PEER_GRACE_S` more for them); else the first error."""
         import ray
 
         h = self.handles(devices)
-        refs = [getattr(h[d][0], method).remote(*args) for d in devices]
-        out, dead, failed = [], [], []
-        for d, ref in zip(devices, refs):
+        pending = {getattr(h[d][0], method).remote(*args): d for d in devices}
+        out, dead, failed, deadline = {}, [], [], None
+        while pending:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait)
+            if not ready:  # the survivors are stuck in a collective with the dead: no more waiting
+                break
+            d = pending.pop(ready[0])
             try:
-                out.append(ray.get(ref))
+                out[d] = ray.get(ready[0])
             except Exception as e:
-                (dead if _dead(e) else failed).append((d, e))
+                if _dead(e):
+                    dead.append(d)
+                    deadline = deadline or time.monotonic() + PEER_GRACE_S
+                else:
+                    failed.append(e)
         if dead:  # the survivors' errors (their collectives lost a peer) follow from it
-            raise TrainingRankDied([d for d, _ in dead], method)
+            raise TrainingRankDied(sorted(dead), method)
         if failed:
-            raise failed[0][1]
-        return out
+            raise failed[0]
+        return [out[d] for d in devices]
 
     def close(self) -> None:
         """Close every device actor at once (each stops its engines; a vLLM engine's process takes
