@@ -14,7 +14,7 @@ Owns the state's GPS model and the two collective halves that move a trainer in 
   budget cannot hold it raises GPS's `BudgetError`, which names the sizes (the caller keeps the
   trainer on its home set and says so).
 - `write_state(worker, store, name)`: collective over the trainer's ranks, after a step. A GPS
-  row write (`begin_row_write`, broadcast, `write_rows`, `commit_row_write` on rank 0): every rank
+  row write (`row_write.collective_row_write`, the policy publish's protocol): every rank
   writes the dim-0 rows of the parameters and moments it holds (FSDP2's `Shard(0)`:
   `weight_sync.fsdp_row_range`), rank 0 also the meta blob; no gather, one host copy. The version
   becomes visible in one step once every row of every tensor arrived (GPS's commit check), so a
@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from pivotrl.trainer.row_write import collective_row_write
 
 __all__ = ["META", "StateHandle", "read_state", "register_state", "state_bytes", "state_spec", "stored_version",
            "write_state"]
@@ -190,13 +192,11 @@ def write_state(worker: Any, store: Any, name: str) -> dict[str, float]:
     rank, world = worker.rank, worker.world_size
     rngs: list[Any] = [None] * world
     dist.all_gather_object(rngs, _rng_state(worker.device))
-    box = [store.begin_row_write(name) if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    w = box[0]
-    rows: dict[str, int] = {}
     written = 0
-    err: str | None = None
-    try:
+
+    def fill(w: Any) -> dict[str, int]:
+        nonlocal written
+        rows: dict[str, int] = {}
         with torch.no_grad():
             for sname, start, local in _rows(worker, create_moments=False):
                 if local.shape[0]:
@@ -208,29 +208,10 @@ def write_state(worker: Any, store: Any, name: str) -> dict[str, float]:
                             optim_step=_optim_step(worker), world_size=world)
                 meta["rng"] = {**meta.get("rng", {}), str(world): rngs}
                 rows[META] = store.write_rows(w, META, 0, _encode(meta))
-    except Exception as e:  # noqa: BLE001 - every rank must reach the gather below
-        err = f"rank {rank}: {type(e).__name__}: {e}"
-    parts: list[Any] = [None] * world
-    dist.all_gather_object(parts, (rows, err))
-    result: list[Any] = [None]
-    if rank == 0:
-        errors = [e for _, e in parts if e]
-        if errors:
-            store.abort_row_write(w)
-            result = [RuntimeError("trainer state write failed: " + "; ".join(errors))]
-        else:
-            total: dict[str, int] = {}
-            for r, _ in parts:
-                for k, n in r.items():
-                    total[k] = total.get(k, 0) + n
-            try:
-                result = [int(store.commit_row_write(w, total))]
-            except Exception as e:  # noqa: BLE001 - handed to every rank
-                result = [e]
-    dist.broadcast_object_list(result, src=0)
-    if isinstance(result[0], BaseException):
-        raise result[0]
-    return {"gps_version": float(result[0]), "seconds": time.perf_counter() - t0, "bytes": float(written)}
+        return rows
+
+    version = collective_row_write(store, name, rank, world, fill, "trainer state write")
+    return {"gps_version": float(version), "seconds": time.perf_counter() - t0, "bytes": float(written)}
 
 
 def _open(store: Any, name: str, version: int):

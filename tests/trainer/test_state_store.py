@@ -120,20 +120,6 @@ def _rank(rank: int, world: int, init: str, address: str, store_blob: bytes, fol
         ray.shutdown()
 
 
-@pytest.fixture(scope="module")
-def ray_store():
-    import ray
-
-    from pivotrl.gps.ray_transport import make_ray_store
-
-    ray.init(address="local", num_cpus=1, resources={"gps_node_0": 1}, include_dashboard=False,
-             logging_level="ERROR")
-    store = make_ray_store(GPSConfig(transport="ray", ray_node_resource="gps_node_{}"), 1)
-    yield store
-    store.close()
-    ray.shutdown()
-
-
 def test_learning_parity_one_rank_and_four_ranks_through_host_memory(model_path, ray_store, tmp_path, one_rank):
     import ray
     import torch.multiprocessing as mp
