@@ -18,7 +18,8 @@ The decision, for every allowed world size W (the home size first):
   replicas the trainer takes; the tail, the longest sequence at one sequence's speed, which no
   replica count shortens; a role left with work and no replica gets one back by a shift, at once
   on devices left free, else after the other role's work, whose devices it then takes), i.e. how
-  long the devices left to inference need for what is already released;
+  long the devices left to inference need for what is already released, times `drain_scale`
+  (measured over predicted so far: the controller checks each prediction against the batches);
 - `finish(W) = max(train_s(W), drain_s(W))`: when both the step and the released work are done,
   the point the pipeline waits for (the next batch is released only after the step, under the
   staleness bound); `benefit_s(W) = finish(home) - finish(W)`. Its parts go to the record:
@@ -125,7 +126,7 @@ def elastic_decision(view: ClusterView, replica_T: dict[Role, dict[str, float]],
             borrowed = [s for s in down if not set(s.devices) <= set(tr.home)]
             free = sum(1 for d in range(view.num_devices) if d not in devs and d not in view.pending
                        and (view.owner[d] is None or (units[d] is not None and units[d] in down)))
-            drain = _drain(el, after, free, view.tp, view.tau_shift)
+            drain = _drain(el, after, free, view.tp, view.tau_shift) * el.drain_scale
             rec.update(step_s=step_s, train_s=train_s, reshard_s=reshard, drain_s=drain, finish_s=max(train_s, drain),
                        lost_tokens=sum(replica_T.get(s.role, {}).get(s.slot_id, 0.0) for s in borrowed) * train_s)
         rows.append((w, plan, rec))

@@ -34,6 +34,9 @@ class ElasticView:
     tail_s: Mapping[Role, float] = field(default_factory=dict)
     """Per role, the seconds its longest sequence in flight still needs at one sequence's decode
     speed: no number of replicas drains the role's work sooner (one replica left is enough)."""
+    drain_scale: float = 1.0
+    """Measured over predicted drain of the released work so far (the controller's online check,
+    pivotrl/deploy/elastic.py): every drain the planner predicts is scaled by it."""
     replica_throughput: Mapping[Role, float] = field(default_factory=dict)
     """Per role, the modelled tokens/s of one of its replicas now (its mean; 0 without replicas)."""
     rate: float = 0.0

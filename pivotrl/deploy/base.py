@@ -296,6 +296,10 @@ class Controller:
                 acts += self.on_batch_ready(BatchReady(ev.now, self.pipe.batch_of(ev.seq_id)))
         return acts
 
+    def held_judgements(self) -> int:
+        """GenRM sequences held back until their batch's rollouts are done (`reward_batch_barrier`)."""
+        return sum(map(len, self._held.values()))
+
     def submit_reward(self, seq: Sequence) -> list[Action]:
         self.sched[Role.REWARD].submit([seq])
         return self.dispatch(Role.REWARD)

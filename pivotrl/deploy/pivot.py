@@ -15,9 +15,9 @@ on a bigger slot ending at the home set's last device, of `home + j * align` dev
 largest replica size, so the slot takes whole replicas; at most `deploy.planner.
 elastic_max_devices`). The controller tells it the sizes, the ready batch's tokens, the training-
 time model fitted online from the steps (`Controller.train_fit`), the measured reshard seconds,
-the inference work already released (`backlog`) and the run's tokens per second. The grown slot is
-shifted down as a whole after the step, like the home set; with a batch already waiting the
-planner prices keeping it against re-forming it at another size.
+the inference work already released and the run's tokens per second (`deploy/elastic.py`). The
+grown slot is shifted down as a whole after the step, like the home set; with a batch already
+waiting the planner prices keeping it against re-forming it at another size.
 """
 from __future__ import annotations
 
@@ -25,17 +25,8 @@ import time
 
 from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
 from pivotrl.deploy.base import ControlEnv, Controller, role_slots
+from pivotrl.deploy.elastic import ElasticTraining, elastic_sizes
 
-
-#: Draws of the in-flight sequences' lengths that estimate the tail of the released work.
-TAIL_DRAWS = 16
-
-
-def elastic_sizes(num_devices: int, home: int, align: int, max_devices: int | None) -> tuple[int, ...]:
-    """World sizes a trainer with a home set of `home` devices (the last ones) may take: the home
-    set grown downwards by whole blocks of `align` devices, up to `max_devices` (None: all)."""
-    top = min(num_devices, max_devices or num_devices)
-    return tuple(range(home, top + 1, align)) if top >= home else (home,)
 from pivotrl.deploy.events import Action, BatchReady, Dispatch, Record, ShiftDone, Tick, TrainingDone
 
 
@@ -60,9 +51,9 @@ class PivotController(Controller):
         self.tick_s = env.planner.tick_s
         pc = env.planner
         align = max(env.tp[Role.ROLLOUT], env.tp[Role.REWARD])
-        self.sizes = (elastic_sizes(n, tr, align, getattr(pc, "elastic_max_devices", None))
-                      if getattr(pc, "elastic_training", False) else (tr,))
-        """World sizes training may take (the home size alone without elastic training)."""
+        self.elastic = ElasticTraining(elastic_sizes(n, tr, align, getattr(pc, "elastic_max_devices", None))
+                                       if getattr(pc, "elastic_training", False) else (tr,))
+        """Elastic training's sizes and its estimates (the home size alone without it)."""
         self.planner_seconds = 0.0
         self.planner_calls = 0
         self.decisions = 0
@@ -91,66 +82,9 @@ class PivotController(Controller):
     def disable_elastic(self) -> None:
         """Keep training on its home set from now on (the runtime cannot hold its state in host
         memory: it says why in the log)."""
-        self.sizes = (self.home.tp,)
+        self.elastic.sizes = (self.home.tp,)
 
     # ------------------------------------------------------------------ planner
-    def backlog(self) -> tuple[dict[Role, float], dict[Role, float]]:
-        """The inference work already released: per role its tokens still to generate, and its
-        tail, the seconds its last sequence needs at one sequence's decode speed (no number of
-        replicas shortens it). A sequence in flight with `g` tokens is expected to reach a length
-        drawn from the finished sequences of its kind longer than `g` (the last `LENGTH_SAMPLE`;
-        longer than all of them: `1.5 g`): its expected remaining tokens count into the backlog,
-        and the tail is the mean over `TAIL_DRAWS` draws of the longest remaining one (the
-        expected maximum, which the mean of each would understate). Reward also counts the
-        judgements still to come of the responses in flight, after the responses' tail."""
-        import numpy as np
-
-        rng = np.random.default_rng(0)  # the same draws for the same state: decisions are reproducible
-        tokens: dict[Role, float] = {}
-        tail: dict[Role, float] = {}
-        judge = np.zeros(0)
-        for role, kind in ((Role.ROLLOUT, "response"), (Role.REWARD, "genrm")):
-            s = self.sched[role]
-            seqs = [q for r in s.replicas.values() for q in r.running.values()] + s.queued_sequences()
-            done = np.sort(np.asarray(self.pipe.finished_lengths(kind), dtype=np.float64))
-            if role == Role.REWARD:
-                judge = done
-            tokens[role], tail[role] = 0.0, 0.0
-            if not seqs:
-                continue
-            g = np.asarray([q.generated for q in seqs], dtype=np.float64)
-            i = np.searchsorted(done, g, side="right")
-            longer = done.size - i
-            suffix = np.concatenate([np.cumsum(done[::-1])[::-1], [0.0]])
-            tokens[role] = float(np.where(longer > 0, suffix[i] / np.maximum(longer, 1) - g, 0.5 * g + 1.0).sum())
-            pick = i[None, :] + (rng.random((TAIL_DRAWS, len(seqs))) * longer[None, :]).astype(np.int64)
-            ends = np.where(longer[None, :] > 0, done[np.minimum(pick, max(done.size - 1, 0))] if done.size else 0.0,
-                            1.5 * g[None, :] + 1.0)
-            left = ends - g[None, :]
-            j = left.argmax(axis=1)  # each draw's longest; timed at its sequence's own decode speed
-            speed = np.asarray([max(s.model.throughput(1, seqs[k].length), 1e-9) for k in j])
-            tail[role] = float((left[np.arange(TAIL_DRAWS), j] / speed).mean())
-        in_flight = self.sched[Role.ROLLOUT].num_sequences() + sum(map(len, self._held.values()))
-        if in_flight and judge.size:
-            tokens[Role.REWARD] += float(judge.mean()) * in_flight
-            longest = float(np.mean(rng.choice(judge, size=(TAIL_DRAWS, min(in_flight, judge.size))).max(axis=1)))
-            one = max(self.sched[Role.REWARD].model.throughput(1, int(longest)), 1e-9)
-            tail[Role.REWARD] = max(tail[Role.REWARD], tail[Role.ROLLOUT] + longest / one)
-        return tokens, tail
-
-    def elastic_view(self, now: float):
-        """What the planner needs to price a bigger trainer (None: not now, or elastic off)."""
-        from pivotrl.core.planner import ElasticView
-
-        if len(self.sizes) < 2 or self.training or not self.pipe.train_ready():
-            return None
-        tokens = self.pipe.ready_tokens()
-        rate = self.pipe.trained_tokens / now if now > 0 else 0.0
-        backlog, tail = self.backlog()
-        one = {r: self.sched[r].throughput() / len(self.active[r]) if self.active[r] else 0.0 for r in INFERENCE_ROLES}
-        return ElasticView(sizes=self.sizes, tokens=tokens, model=self.train_fit.model(), reshard_s=self.reshard_s,
-                           backlog=backlog, tail_s=tail, replica_throughput=one, rate=rate)
-
     def view(self, now: float):
         from pivotrl.core.planner import ClusterView, TrainView
 
@@ -167,7 +101,7 @@ class PivotController(Controller):
                             running=self.training,
                             batch_ready=self.pipe.train_ready(),
                             devices=held.devices if held is not None and held != self.home else (),
-                            elastic=self.elastic_view(now)),
+                            elastic=self.elastic.view(self, now)),
             tau_shift=dict(self.tau_shift),
             pending=frozenset(self.pending),
             kv_capacity=dict(self.kv_capacity),
@@ -177,6 +111,7 @@ class PivotController(Controller):
         t0 = time.perf_counter()
         decision = self.strategy.decide(self.view(now))
         dt = time.perf_counter() - t0
+        self.elastic.decided(decision, self)
         self.planner_seconds += dt
         self.planner_calls += 1
         acts: list[Action] = []
@@ -203,12 +138,13 @@ class PivotController(Controller):
         return acts + self.plan(ev.now, "tick")
 
     def on_batch_ready(self, ev: BatchReady) -> list[Action]:
+        self.elastic.batch_ready(ev.batch, ev.now)
         return self.try_train(ev.now) + self.plan(ev.now, "batch_ready")
 
     def on_training_done(self, ev: TrainingDone) -> list[Action]:
         # training done -> its home devices go back to the pool (shift down, then free)
         if self.train_slot is not None and self.pipe.train_ready():
-            if len(self.sizes) > 1:  # elastic: the planner may re-form the trainer first (else it trains on),
+            if self.elastic.on:  # elastic: the planner may re-form the trainer first (else it trains on),
                 # once the batch the new version lets out is released: its work is what the devices
                 # the trainer would take are needed for
                 acts = self.release(ev.now)

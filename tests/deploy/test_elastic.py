@@ -36,8 +36,8 @@ def test_sizes_grow_the_home_set_by_whole_replica_blocks():
     assert elastic_sizes(32, 8, 4, 17) == (8, 12, 16)
     assert elastic_sizes(4, 1, 2, None) == (1, 3)
     assert elastic_sizes(8, 4, 4, 2) == (4,)
-    assert make_controller("pivot", env({Role.TRAIN: 1})).sizes == (1,)  # off: the home set alone
-    assert make_controller("pivot", elastic_env(max_devices=3)).sizes == (1, 3)
+    assert make_controller("pivot", env({Role.TRAIN: 1})).elastic.sizes == (1,)  # off: the home set alone
+    assert make_controller("pivot", elastic_env(max_devices=3)).elastic.sizes == (1, 3)
 
 
 def test_the_trainer_grows_learns_and_comes_back():
@@ -76,14 +76,36 @@ def test_disable_elastic_keeps_the_home_set():
 
 def test_backlog_counts_released_work_and_its_tail():
     c = make_controller("pivot", elastic_env())
-    assert c.backlog() == ({Role.ROLLOUT: 0.0, Role.REWARD: 0.0}, {Role.ROLLOUT: 0.0, Role.REWARD: 0.0})
+    assert c.elastic.backlog(c) == ({Role.ROLLOUT: 0.0, Role.REWARD: 0.0}, {Role.ROLLOUT: 0.0, Role.REWARD: 0.0})
     # finished responses of 10..100 tokens; two in flight at 5 and at 200 (longer than any seen)
     for i, n in enumerate(range(10, 101, 10)):
         c.pipe._done["response"].append(n)
     c.sched[Role.ROLLOUT].submit([Sequence(100, Role.ROLLOUT, 20, generated=5),
                                   Sequence(101, Role.ROLLOUT, 20, generated=200)])
-    tokens, tail = c.backlog()
+    tokens, tail = c.elastic.backlog(c)
     # 5 tokens in: the mean of the longer ones (55) minus 5; 200 in: 1.5 x 200 + 1 - 200
     assert tokens[Role.ROLLOUT] == pytest.approx(50.0 + 101.0)
-    assert tail[Role.ROLLOUT] > 0 and c.backlog() == (tokens, tail)  # the same state, the same estimate
+    assert tail[Role.ROLLOUT] > 0 and c.elastic.backlog(c) == (tokens, tail)  # the same state, the same estimate
     assert tokens[Role.REWARD] == 0.0  # no judgement finished yet: no length to expect
+
+
+def test_the_drain_prediction_is_checked_against_the_batches():
+    """A training decision predicts when the released work is done; the batch's readiness then
+    measures it, and the ratio scales later predictions (clipped, averaged)."""
+    from pivotrl.core.planner_types import Candidate, Decision
+    from pivotrl.core.types import ShiftPlan, Slot
+    from pivotrl.deploy.elastic import DRAIN_CLIP
+
+    c = make_controller("pivot", elastic_env())
+    el = c.elastic
+    c.pipe.version, c.pipe.next_release = 1, 3  # batch 1 about to train, batch 2 released
+    plan = ShiftPlan(Role.TRAIN, up=[Slot(Role.TRAIN, 2, 2)])
+    el.decided(Decision(10.0, Role.TRAIN, 0.0, [Candidate(plan, 0.0, 0.0, k=2, detail={"drain_s": 20.0})], plan, ""), c)
+    el.batch_ready(1, 15.0)  # not the batch the prediction waits for
+    assert el.drain_scale == 1.0
+    el.batch_ready(2, 70.0)  # 60 s measured for 20 s predicted
+    assert el.drain_ratios == [3.0] and el.drain_scale == pytest.approx(2.0)
+    el.decided(Decision(100.0, Role.TRAIN, 0.0, [Candidate(plan, 0.0, 0.0, k=2, detail={"drain_s": 2.0})], plan, ""), c)
+    el.batch_ready(2, 1e6)  # absurdly late: clipped
+    assert el.drain_ratios[-1] == DRAIN_CLIP and el.drain_scale <= DRAIN_CLIP
+    assert el.record()["drain_ratios"] == el.drain_ratios
