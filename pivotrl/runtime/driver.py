@@ -238,6 +238,12 @@ class DeviceDriver:
             self.record_event("shift_timing", role_up=res.plan.role_up.value, down_s=res.seconds[0],
                               up_s=res.seconds[1], devices=res.timings, dead=sorted(res.dead),
                               measured={r.value: v for r, v in res.measured.items()})
+            # a rollout replica that read GPS while a publish committed a newer policy, and so missed
+            # that publish's refresh (it served nothing yet), takes it now, before any sequence
+            current = self.ex.params.version("policy")
+            if any(t["role"] == Role.ROLLOUT.value and t["direction"] == "up" and t.get("version") is not None
+                   and t["version"] < current for t in res.timings):
+                self.publish(PublishWeights(current))
             yield ShiftDone(self.now, plan=res.plan, kv_capacity=res.kv_capacity, seconds=res.seconds,
                             progress=self.ledger.counts(), measured=res.measured)
         elif isinstance(item, TrainingResult):
