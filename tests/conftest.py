@@ -38,3 +38,20 @@ def no_ray_left_running(request):
     if ray is not None and ray.is_initialized():
         ray.shutdown()
         pytest.fail(f"{request.module.__name__} left a Ray session running (stopped now)", pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def ray_store():
+    """A private Ray session with one GPS node (`gps_node_0`) and a Ray GPS store on it, shared by
+    the processes a test spawns (they join with the session's address and the pickled store)."""
+    import ray
+
+    from pivotrl.config.gps import GPSConfig
+    from pivotrl.gps.ray_transport import make_ray_store
+
+    ray.init(address="local", num_cpus=1, resources={"gps_node_0": 1}, include_dashboard=False,
+             logging_level="ERROR")
+    store = make_ray_store(GPSConfig(transport="ray", ray_node_resource="gps_node_{}"), 1)
+    yield store
+    store.close()
+    ray.shutdown()

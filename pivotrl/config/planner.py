@@ -78,12 +78,25 @@ class PivotPlannerConfig(PlannerConfig):
     """How the planner evaluates a candidate's post-shift throughput (pivotrl/core/whatif.py):
     `migrate` runs the real scheduler migration on clones (exact, slow at scale); `summary` is
     its closed-form counterpart on a per-role summary (fast; error bounded in tests/core)."""
+    elastic_training: bool = False
+    """Elastic training (DESIGN §4.6, beyond the paper): when a batch is ready the planner may
+    train on the home set plus borrowed devices (whole replicas next to it) and give them back
+    after the step, if that ends the step and the released inference work sooner
+    (pivotrl/core/elastic.py). The trainer's state is kept in host memory between steps and
+    resharded there (pivotrl/trainer/state_store.py). Costs: a host-memory copy of the state
+    (fp32 weights + AdamW moments, 12 bytes per parameter) written after every step, and a
+    rebuild of the trainer on each size change. false: the paper's fixed home set."""
+    elastic_max_devices: int | None = None
+    """The most devices a grown trainer may hold (null: every device of the cluster)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(finite(self.horizon_s) and self.horizon_s > 0, "horizon_s", "a finite number of seconds > 0 (H)",
               self.horizon_s)
         EVALUATIONS.check(self.evaluation)
+        check(self.elastic_max_devices is None or (isinstance(self.elastic_max_devices, int)
+                                                   and self.elastic_max_devices >= 1),
+              "elastic_max_devices", "null or an int >= 1 (devices)", self.elastic_max_devices)
 
 
 @dataclass

@@ -1,12 +1,14 @@
 """The pivot planner (DESIGN §4.3, paper §7 and App. D): which devices shift to which role, now.
 
-Owns the planner's inputs (`ClusterView`, `TrainView`), its output (`Decision` with every candidate,
-penalty, throughput and benefit, JSON-able for timeline.jsonl), the slot geometry, shift pairs, the
-DP of Algorithm 1 (`dp_candidates`, a pure function), and `PivotPlanner`, which runs the five steps:
+Owns the slot geometry, shift pairs, the DP of Algorithm 1 (`dp_candidates`, a pure function), and
+`PivotPlanner`, which runs the five steps. Its inputs (`ClusterView`, `TrainView`) and its output
+(`Decision` with every candidate, penalty, throughput and benefit, JSON-able for timeline.jsonl)
+are planner_types.py's, re-exported here.
 
 1. shift-up role: training if its batch is ready and it neither runs nor holds its devices (one
-   plan: whatever holds the home devices shifts down; no DP, no evaluation); else rollout or reward
-   by the larger `tau = N/T` (`T = 0` with `N > 0` is infinite demand; `N = 0` is no demand);
+   plan: whatever holds the home devices shifts down; no DP, no evaluation; with elastic training
+   one candidate per world size the trainer may take, pivotrl/core/elastic.py); else rollout or
+   reward by the larger `tau = N/T` (`T = 0` with `N > 0` is infinite demand; `N = 0` is none);
 2. shift pairs: the role's inactive, non-pending slots grouped by the set of other-role units that
    block their devices; free devices and idle training (batch not ready) cost `phi = 0`; training
    mid-step is never shifted down (its slots are not eligible); `phi = sum tau_shift[role]*T_i` over
@@ -31,74 +33,20 @@ from __future__ import annotations
 import math
 import operator
 import time
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from pivotrl.config.planner import EVALUATIONS, PivotPlannerConfig
+from pivotrl.core.elastic import elastic_decision
+# the planner's inputs and outputs live in planner_types.py (shared with elastic.py); re-exported
+from pivotrl.core.planner_types import (Candidate, ClusterView, Decision, ElasticView, TrainView,  # noqa: F401
+                                        device_units)
 from pivotrl.core.scheduler import ShiftAwareScheduler
 from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
 from pivotrl.core.whatif import WhatIf
 
 _UNKNOWN_CAPACITY = 1 << 40
-
-
-@dataclass(frozen=True)
-class TrainView:
-    home: tuple[int, ...]
-    holds_devices: bool
-    running: bool
-    batch_ready: bool
-
-    @property
-    def slot(self) -> Slot:
-        return Slot(Role.TRAIN, self.home[0], len(self.home))
-
-
-@dataclass(frozen=True)
-class ClusterView:
-    """A snapshot the controller builds on every tick / batch-ready / training-done: a value.
-
-    Fields cannot be reassigned and its containers are copied into read-only ones (tuples,
-    `MappingProxyType`), so a strategy can neither change the controller's state through the view
-    nor see it change under it. The schedulers are the controller's own objects, read only: a
-    strategy that needs to try a migration clones them (`ShiftAwareScheduler.clone`, or the
-    closed-form `summary` evaluation)."""
-
-    now: float
-    num_devices: int
-    node_size: int
-    tp: Mapping[Role, int]
-    owner: tuple[Role | None, ...]
-    active: Mapping[Role, tuple[Slot, ...]]
-    schedulers: Mapping[Role, ShiftAwareScheduler]
-    train: TrainView
-    tau_shift: Mapping[Role, float]
-    pending: frozenset[int] = frozenset()
-    kv_capacity: Mapping[Role, int] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        freeze = object.__setattr__
-        freeze(self, "tp", MappingProxyType(dict(self.tp)))
-        freeze(self, "owner", tuple(self.owner))
-        freeze(self, "active", MappingProxyType({r: tuple(v) for r, v in self.active.items()}))
-        freeze(self, "schedulers", MappingProxyType(dict(self.schedulers)))
-        freeze(self, "tau_shift", MappingProxyType(dict(self.tau_shift)))
-        freeze(self, "pending", frozenset(self.pending))
-        freeze(self, "kv_capacity", MappingProxyType(dict(self.kv_capacity)))
-
-    def validate(self) -> None:
-        if self.num_devices <= 0:
-            raise ValueError(f"ClusterView.num_devices must be > 0, got {self.num_devices}")
-        if len(self.owner) != self.num_devices:
-            raise ValueError(f"ClusterView.owner has {len(self.owner)} entries, num_devices is {self.num_devices}")
-        for r in INFERENCE_ROLES:
-            tp = self.tp.get(r)
-            if not tp or tp & (tp - 1) or self.node_size % tp:
-                raise ValueError(f"ClusterView.tp[{r.value}] must be a power of two dividing node_size "
-                                 f"{self.node_size}, got {tp}")
 
 
 def eq1_throughput(n_ro: float, t_ro: float, n_rm: float, t_rm: float) -> float:
@@ -129,71 +77,10 @@ class ShiftPair:
     penalty: float
 
 
-@dataclass
-class Candidate:
-    plan: ShiftPlan
-    throughput: float
-    benefit: float
-    k: int = 0
-    role_throughput: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class Decision:
-    now: float
-    role_up: Role | None
-    t_now: float
-    candidates: list[Candidate]
-    chosen: ShiftPlan | None
-    reason: str
-    timings: dict[str, float] = field(default_factory=dict)
-    extra: list[ShiftPlan] = field(default_factory=list)
-
-    @property
-    def plans(self) -> list[ShiftPlan]:
-        """Every plan to execute, in order (`chosen` first)."""
-        return ([self.chosen] if self.chosen is not None else []) + list(self.extra)
-
-    def to_record(self) -> dict[str, Any]:
-        def plan_rec(p: ShiftPlan) -> dict[str, Any]:
-            return {"role_up": p.role_up.value, "up": [s.slot_id for s in p.up],
-                    "down": [s.slot_id for s in p.down], "penalty": _num(p.penalty)}
-
-        return {
-            "now": self.now, "role_up": self.role_up.value if self.role_up else None,
-            "t_now": _num(self.t_now), "reason": self.reason,
-            "chosen": plan_rec(self.chosen) if self.chosen is not None else None,
-            "extra": [plan_rec(p) for p in self.extra],
-            "candidates": [{**plan_rec(c.plan), "k": c.k, "throughput": _num(c.throughput),
-                            "benefit": _num(c.benefit),
-                            "role_throughput": {k: _num(v) for k, v in c.role_throughput.items()}}
-                           for c in self.candidates],
-            "timings_s": dict(self.timings),
-        }
-
-
-def _num(x: float) -> float | str:
-    return x if math.isfinite(x) else ("inf" if x > 0 else "-inf" if x < 0 else "nan")
-
-
 # ---------------------------------------------------------------------- slot geometry
 def role_slots(role: Role, tp: int, num_devices: int) -> list[Slot]:
     """All aligned slots of `role` (replica size `tp`) on `num_devices` devices."""
     return [Slot(role, d, tp) for d in range(0, num_devices - tp + 1, tp)]
-
-
-def device_units(view: ClusterView) -> list[Slot | None]:
-    """Per device: the unit (active replica slot or training unit) holding it, None when free."""
-    units: list[Slot | None] = [None] * view.num_devices
-    for r in INFERENCE_ROLES:
-        for s in view.active.get(r, []):
-            for d in s.devices:
-                units[d] = s
-    if view.train.holds_devices and view.train.home:
-        t = view.train.slot
-        for d in t.devices:
-            units[d] = t
-    return units
 
 
 def shift_pairs(view: ClusterView, role: Role, replica_T: dict[str, float],
@@ -345,7 +232,12 @@ class PivotPlanner:
         t_now = eq1_throughput(N[Role.ROLLOUT], T[Role.ROLLOUT], N[Role.REWARD], T[Role.REWARD])
         # step 1: shift-up role
         if view.train.batch_ready and not view.train.running:
-            train = training_decision(view, {r: self.replica_throughputs(view, r) for r in INFERENCE_ROLES}, t_now)
+            rT = {r: self.replica_throughputs(view, r) for r in INFERENCE_ROLES}
+            if view.train.elastic is not None:
+                wi = {r: self.evaluator(sch[r], zero_one=self.zero_one) for r in INFERENCE_ROLES}
+                train = elastic_decision(view, rT, t_now, wi)
+            else:
+                train = training_decision(view, rT, t_now)
             if train is not None:
                 train.timings = {"role": time.perf_counter() - t0}
                 return train

@@ -51,6 +51,7 @@ from typing import Any
 from pivotrl.config.planner import PivotPlannerConfig, PlannerConfig
 from pivotrl.core.scheduler import ShiftAwareScheduler
 from pivotrl.core.throughput import ThroughputModel
+from pivotrl.core.training_time import TrainTimeFit, TrainTimeModel
 from pivotrl.core.types import INFERENCE_ROLES, Role, Sequence, ShiftPlan, Slot
 from pivotrl.deploy.events import (
     Action, BatchReady, DeviceLost, Dispatch, Event, Finish, PublishWeights, Record, ReplicaLost, SequenceFinished,
@@ -93,6 +94,13 @@ class ControlEnv:
     max_num_seqs: dict[Role, int] = field(default_factory=dict)
     """Sequences one replica's engine runs at once per role (vLLM `max_num_seqs`); the schedulers
     admit no more per replica. Absent = no cap."""
+    train_model: TrainTimeModel | None = None
+    """Seconds of a training step on W devices before any is measured (None: none; the first
+    measured step starts the online fit). With `train_model_fixed` it is the truth (the
+    simulator's own clock) and is never refitted."""
+    train_model_fixed: bool = False
+    reshard_s: float = 0.0
+    """Seconds to move the trainer's state to another layout and back, before one is measured."""
 
 
 class DeviceLostError(RuntimeError):
@@ -143,6 +151,12 @@ class Controller:
         self.tau_shift: dict[Role, float] = dict(env.tau_shift)
         """Seconds one shift (up + down) of a replica of each role takes: the runtime's prior,
         then an exponential average of `ShiftDone.measured` (weight `TAU_EMA`)."""
+        self.train_fit = TrainTimeFit(env.train_model, node_size=env.node_size, fixed=env.train_model_fixed)
+        """Seconds of a training step vs world size and tokens, fitted from `TrainingDone`."""
+        self.reshard_s = float(env.reshard_s)
+        """Seconds to reshard the trainer's state there and back: the prior, then an exponential
+        average of `TrainingDone.reshard_s` (weight `TAU_EMA`)."""
+        self._train_run: tuple[int, int] = (0, 0)  # (world, tokens) of the step in flight
 
     # ------------------------------------------------------------------ public API for runtimes
     def resume(self, version: int) -> None:
@@ -315,6 +329,10 @@ class Controller:
                 acts += self.on_batch_ready(BatchReady(ev.now, self.pipe.batch_of(ev.seq_id)))
         return acts
 
+    def held_judgements(self) -> int:
+        """GenRM sequences held back until their batch's rollouts are done (`reward_batch_barrier`)."""
+        return sum(map(len, self._held.values()))
+
     def submit_reward(self, seq: Sequence) -> list[Action]:
         self.sched[Role.REWARD].submit([seq])
         return self.dispatch(Role.REWARD)
@@ -328,14 +346,22 @@ class Controller:
             return []
         b, ids, tokens = self.pipe.start_training(now)
         self.training = True
-        return [StartTraining(b, self.pipe.version, ids, tokens, devices)]
+        self._train_run = (len(devices), tokens)
+        home = self.training_home()
+        return [StartTraining(b, self.pipe.version, ids, tokens, devices,
+                              home=home if home and tuple(devices) != home else ())]
 
     def _on_training_done(self, ev: TrainingDone) -> list[Action]:
         fig = self.pipe.training_done(ev.batch, ev.now)
         self.training = False
         if ev.version != self.pipe.version:
             raise RuntimeError(f"runtime reports version {ev.version}, pipeline is at {self.pipe.version}")
-        fig.update(train_s=ev.seconds, shifts=self.step_shifts, allocation=self.allocation())
+        world = ev.world or self._train_run[0]
+        self.train_fit.observe(world, self._train_run[1], ev.seconds)
+        if ev.reshard_s is not None:
+            self.reshard_s = (1 - TAU_EMA) * self.reshard_s + TAU_EMA * ev.reshard_s if self.reshard_s else ev.reshard_s
+        fig.update(train_s=ev.seconds, train_world=world, reshard_s=ev.reshard_s or 0.0, shifts=self.step_shifts,
+                   allocation=self.allocation())
         self.step += 1
         self.step_shifts = 0
         acts: list[Action] = [PublishWeights(self.pipe.version), StepDone(self.step, ev.batch, self.pipe.version, fig)]
@@ -423,6 +449,11 @@ class Controller:
     def training_devices(self) -> tuple[int, ...]:
         """Devices training may use now (empty = not held)."""
         return self.train_slot.devices if self.train_slot is not None else ()
+
+    def training_home(self) -> tuple[int, ...]:
+        """The training home set, where its state lives between steps (empty: the mode trains on
+        whatever `training_devices` says, always the same set)."""
+        return ()
 
     # ------------------------------------------------------------------ hooks
     def initial_plans(self) -> list[ShiftPlan]:

@@ -55,12 +55,18 @@ class BatchReady(Event):
 
 @dataclass
 class TrainingDone(Event):
-    """The training step on `batch` finished; the policy is now at `version`."""
+    """The training step on `batch` finished; the policy is now at `version`. `seconds` is the
+    step itself (what the training-time model is fitted to), on `world` devices (0: on all the
+    devices it started on; fewer when a borrowed device died and the step restarted without it);
+    `reshard_s` the seconds the step spent moving the trainer's state between layouts in host
+    memory (None: it ran on its home layout and moved nothing)."""
 
     batch: int = -1
     version: int = 0
     seconds: float = 0.0
     progress: Progress = field(default_factory=dict)
+    world: int = 0
+    reshard_s: float | None = None
 
 
 @dataclass
@@ -129,13 +135,16 @@ class StartShift(Action):
 @dataclass
 class StartTraining(Action):
     """Run one training step on `devices` over the samples of `batch` (policy `version` -> +1).
-    `tokens` are the policy tokens (prompt + response) of those samples."""
+    `tokens` are the policy tokens (prompt + response) of those samples. `home` is the training
+    home set when `devices` is another set (elastic training: the state moves to `devices` and
+    back); empty when the step runs on its home set."""
 
     batch: int
     version: int
     sample_ids: list[int]
     tokens: int
     devices: tuple[int, ...]
+    home: tuple[int, ...] = ()
 
 
 @dataclass

@@ -13,10 +13,15 @@ sample generated under version `v` is trained at step `t = b` with `t - v <= sta
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from pivotrl.core.types import Role, Sequence
+
+#: Finished sequences whose lengths are kept per kind (response, judgement): what a sequence in
+#: flight is expected to reach is estimated from them (elastic training's backlog).
+LENGTH_SAMPLE = 4096
 
 
 class PromptLike(Protocol):
@@ -57,6 +62,11 @@ class SamplePipeline:
         self.next_release = 0
         self.batches: dict[int, BatchState] = {}
         self.trained_samples = 0
+        self.trained_tokens = 0
+        """Policy + GenRM tokens of the trained batches (the run's processed tokens so far)."""
+        # the last finished sequences' lengths, for what a sequence in flight is expected to reach
+        self._done: dict[str, deque[int]] = {"response": deque(maxlen=LENGTH_SAMPLE),
+                                             "genrm": deque(maxlen=LENGTH_SAMPLE)}
 
     def resume(self, version: int) -> None:
         """Start at policy `version`, as a fresh pipeline would be after `version` trained steps:
@@ -106,6 +116,7 @@ class SamplePipeline:
         if sample_id in st.response_len:
             raise RuntimeError(f"sample {sample_id}: response finished twice")
         st.response_len[sample_id] = int(generated)
+        self._done["response"].append(int(generated))
         if len(st.response_len) == self.samples_per_batch:
             st.rollout_done_at = now
         return Sequence(seq_id=sample_id, role=Role.REWARD, prompt_len=st.prompt_len[sample_id] + int(generated),
@@ -123,6 +134,7 @@ class SamplePipeline:
         if sample_id not in st.response_len:
             raise RuntimeError(f"sample {sample_id}: rewarded before its response finished")
         st.genrm_len[sample_id] = int(generated)
+        self._done["genrm"].append(int(generated))
         if len(st.genrm_len) == self.samples_per_batch:
             st.reward_done_at = now
             return True
@@ -142,6 +154,17 @@ class SamplePipeline:
         b = self.next_train_batch
         return b < self.steps and self.batch_ready(b) and not self.batches[b].trained \
             and self.batches[b].train_start is None
+
+    def finished_lengths(self, kind: str) -> list[int]:
+        """Generated tokens of the last `LENGTH_SAMPLE` finished `response`s or `genrm` judgements."""
+        return list(self._done[kind])
+
+    def ready_tokens(self) -> int:
+        """Policy tokens (prompt + response) of the batch ready for training (0: none ready)."""
+        if not self.train_ready():
+            return 0
+        st = self.batches[self.next_train_batch]
+        return sum(st.prompt_len[s] + st.response_len[s] for s in st.genrm_len)
 
     def start_training(self, now: float) -> tuple[int, list[int], int]:
         """(batch, sample ids, policy tokens) of the next step; enforces the staleness bound."""
@@ -168,6 +191,7 @@ class SamplePipeline:
         ids = st.genrm_len
         policy_tokens = sum(st.prompt_len[s] + st.response_len[s] for s in ids)
         genrm_tokens = sum(st.prompt_len[s] + st.response_len[s] + st.genrm_len[s] for s in ids)
+        self.trained_tokens += policy_tokens + genrm_tokens
         fig = {
             "batch": batch, "generated_under_version": st.version, "samples": len(ids),
             "policy_tokens": policy_tokens, "genrm_tokens": genrm_tokens,

@@ -9,6 +9,15 @@ Training has a fixed home device set (the last `deploy.allocation.train` devices
 state lives in their host memory). The strategy plans the training shift up when a batch is ready;
 when a step finishes the controller shifts training down and the freed devices go back to
 inference at the next planner call (penalty 0). Every decision is recorded to the timeline.
+
+Elastic training (`deploy.planner.elastic_training`, DESIGN §4.6): the planner may instead train
+on a bigger slot ending at the home set's last device, of `home + j * align` devices (`align` the
+largest replica size, so the slot takes whole replicas; at most `deploy.planner.
+elastic_max_devices`). The controller tells it the sizes, the ready batch's tokens, the training-
+time model fitted online from the steps (`Controller.train_fit`), the measured reshard seconds,
+the inference work already released and the run's tokens per second (`deploy/elastic.py`). The
+grown slot is shifted down as a whole after the step, like the home set; with a batch already
+waiting the planner prices keeping it against re-forming it at another size.
 """
 from __future__ import annotations
 
@@ -16,6 +25,8 @@ import time
 
 from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
 from pivotrl.deploy.base import ControlEnv, Controller, role_slots
+from pivotrl.deploy.elastic import ElasticTraining, elastic_sizes
+
 from pivotrl.deploy.events import Action, BatchReady, Dispatch, Record, ShiftDone, Tick, TrainingDone
 
 
@@ -38,6 +49,11 @@ class PivotController(Controller):
         # vanilla runs without migration whatever the config says: the strategy knows
         self.migrate = bool(getattr(self.strategy, "migration", env.planner.migration))
         self.tick_s = env.planner.tick_s
+        pc = env.planner
+        align = max(env.tp[Role.ROLLOUT], env.tp[Role.REWARD])
+        self.elastic = ElasticTraining(elastic_sizes(n, tr, align, getattr(pc, "elastic_max_devices", None))
+                                       if getattr(pc, "elastic_training", False) else (tr,))
+        """Elastic training's sizes and its estimates (the home size alone without it)."""
         self.planner_seconds = 0.0
         self.planner_calls = 0
         self.decisions = 0
@@ -60,11 +76,20 @@ class PivotController(Controller):
             plans.append(ShiftPlan(Role.ROLLOUT, up=role_slots(Role.ROLLOUT, half, rest - half, tp_ro)))
         return plans
 
+    def training_home(self) -> tuple[int, ...]:
+        return self.home.devices
+
+    def disable_elastic(self) -> None:
+        """Keep training on its home set from now on (the runtime cannot hold its state in host
+        memory: it says why in the log)."""
+        self.elastic.sizes = (self.home.tp,)
+
     # ------------------------------------------------------------------ planner
     def view(self, now: float):
         from pivotrl.core.planner import ClusterView, TrainView
 
-        train_up_in_flight = any(any(s.role == Role.TRAIN for s in p.up) for p in self.in_flight)
+        train_up = [s for p in self.in_flight for s in p.up if s.role == Role.TRAIN]
+        held = self.train_slot or (train_up[0] if train_up else None)
         return ClusterView(
             now=now, num_devices=self.env.num_devices, node_size=self.env.node_size,
             tp={r: self.env.tp[r] for r in INFERENCE_ROLES},
@@ -72,9 +97,11 @@ class PivotController(Controller):
             active={r: list(self.active[r].values()) for r in INFERENCE_ROLES},
             schedulers=dict(self.sched),
             train=TrainView(home=self.home.devices,
-                            holds_devices=self.train_slot is not None or train_up_in_flight,
+                            holds_devices=held is not None,
                             running=self.training,
-                            batch_ready=self.pipe.train_ready()),
+                            batch_ready=self.pipe.train_ready(),
+                            devices=held.devices if held is not None and held != self.home else (),
+                            elastic=self.elastic.view(self, now)),
             tau_shift=dict(self.tau_shift),
             pending=frozenset(self.pending),
             kv_capacity=dict(self.kv_capacity),
@@ -84,6 +111,7 @@ class PivotController(Controller):
         t0 = time.perf_counter()
         decision = self.strategy.decide(self.view(now))
         dt = time.perf_counter() - t0
+        self.elastic.decided(decision, self)
         self.planner_seconds += dt
         self.planner_calls += 1
         acts: list[Action] = []
@@ -110,11 +138,17 @@ class PivotController(Controller):
         return acts + self.plan(ev.now, "tick")
 
     def on_batch_ready(self, ev: BatchReady) -> list[Action]:
+        self.elastic.batch_ready(ev.batch, ev.now)
         return self.try_train(ev.now) + self.plan(ev.now, "batch_ready")
 
     def on_training_done(self, ev: TrainingDone) -> list[Action]:
         # training done -> its home devices go back to the pool (shift down, then free)
         if self.train_slot is not None and self.pipe.train_ready():
+            if self.elastic.on:  # elastic: the planner may re-form the trainer first (else it trains on),
+                # once the batch the new version lets out is released: its work is what the devices
+                # the trainer would take are needed for
+                acts = self.release(ev.now)
+                return acts + self.plan(ev.now, "training_done") + self.try_train(ev.now)
             return self.try_train(ev.now)  # the next batch is already waiting: keep the devices
         acts: list[Action] = []
         if self.train_slot is not None:

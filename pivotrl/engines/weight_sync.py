@@ -51,7 +51,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch
-import torch.distributed as dist
+
+from pivotrl.trainer.row_write import collective_row_write
 
 if TYPE_CHECKING:
     from pivotrl.engines.protocol import InferenceEngine
@@ -122,13 +123,9 @@ def publish_shards(worker: TrainerWorker, store: GlobalParameterStore, model: st
     tied `lm_head.weight`: GPS keeps the embedding once) are skipped; a stored tensor no rank
     wrote makes the commit fail with ShardMismatchError and the version is dropped."""
     worker_rank, world = worker.rank, worker.world_size
-    box = [store.begin_row_write(model) if worker_rank == 0 else None]
-    if world > 1:
-        dist.broadcast_object_list(box, src=0)
-    w = box[0]
-    rows: dict[str, int] = {}
-    err: str | None = None
-    try:
+
+    def fill(w: Any) -> dict[str, int]:
+        rows: dict[str, int] = {}
         spec = store.spec(model)
         with torch.no_grad():
             mine = [r for name, p in worker.model.named_parameters()
@@ -138,33 +135,9 @@ def publish_shards(worker: TrainerWorker, store: GlobalParameterStore, model: st
             # all at once: another node's rows go there in one call, not one per tensor
             for sname, n in store.write_rows_many(w, [r for r in mine if r[2].shape[0]]).items():
                 rows[sname] += n
-    except Exception as e:  # noqa: BLE001 - every rank must reach the gather below
-        err = f"rank {worker_rank}: {type(e).__name__}: {e}"
-    parts: list[Any] = [None] * world
-    if world > 1:
-        dist.all_gather_object(parts, (rows, err))
-    else:
-        parts = [(rows, err)]
-    result: list[Any] = [None]
-    if worker_rank == 0:
-        errors = [e for _, e in parts if e]
-        if errors:
-            store.abort_row_write(w)
-            result = [RuntimeError("publish_shards failed: " + "; ".join(errors))]
-        else:
-            total: dict[str, int] = {}
-            for r, _ in parts:
-                for k, n in r.items():
-                    total[k] = total.get(k, 0) + n
-            try:
-                result = [store.commit_row_write(w, total)]
-            except Exception as e:  # noqa: BLE001 - handed to every rank
-                result = [e]
-    if world > 1:
-        dist.broadcast_object_list(result, src=0)
-    if isinstance(result[0], BaseException):
-        raise result[0]
-    return int(result[0])
+        return rows
+
+    return collective_row_write(store, model, worker_rank, world, fill, "publish_shards")
 
 
 def iter_manifest_tensors(wire: Mapping[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -169,6 +169,8 @@ class DeviceWorker:
                     if host is not None:
                         host.close()
                     host = self.hosts[spec.role] = make_host(spec)
+                elif isinstance(host, TrainHost):
+                    host.retarget(spec)  # its group may have changed (elastic training)
             with placed(spec.placement):
                 timing = host.shift_up(weights, version)
             with self._cv:
@@ -332,8 +334,16 @@ class DeviceWorker:
         return self._trainer().save_checkpoint(expand_path(path), extra, blocking=blocking)
 
     def wait_checkpoint(self, timeout_s: float | None = None) -> str | None:
-        """The checkpoint write in flight, finished (its folder), or None if none was."""
-        return self._trainer().wait_checkpoint(timeout_s)
+        """The checkpoint write in flight, finished (its folder), or None if none was (or this
+        device's trainer rank was dropped since: it waited for its write first)."""
+        host = self.hosts.get(Role.TRAIN)
+        if not isinstance(host, TrainHost) or host.worker is None:
+            return None
+        return host.worker.wait_checkpoint(timeout_s)
+
+    def save_state(self, store: Any, name: str) -> dict[str, float]:
+        """Collective: this rank's part of the trainer's state into GPS (elastic training)."""
+        return self._trainer().save_state(store, name)
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         from pivotrl.config.run import expand_path

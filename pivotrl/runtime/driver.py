@@ -257,16 +257,23 @@ class DeviceDriver:
             for rec in self.ex.recoveries[len(self.recorded_recoveries):]:
                 self.recorded_recoveries.append(rec)
                 self.record_event("training_recovered", **rec)
+            self.training.shifted(res)
             self.record_event("shift_timing", role_up=res.plan.role_up.value, down_s=res.seconds[0],
                               up_s=res.seconds[1], devices=res.timings, dead=sorted(res.dead),
                               measured={r.value: v for r, v in res.measured.items()})
+            # a rollout replica that read GPS while a publish committed a newer policy, and so missed
+            # that publish's refresh (it served nothing yet), takes it now, before any sequence
+            current = self.ex.params.version("policy")
+            if any(t["role"] == Role.ROLLOUT.value and t["direction"] == "up" and t.get("version") is not None
+                   and t["version"] < current for t in res.timings):
+                self.publish(PublishWeights(current))
             yield ShiftDone(self.now, plan=res.plan, kv_capacity=res.kv_capacity, seconds=res.seconds,
                             progress=self.ledger.counts(), measured=res.measured)
         elif isinstance(item, TrainingResult):
             act, secs = item.act, item.seconds
-            self.stats.train_busy_s += secs * len(act.devices)
+            self.stats.train_busy_s += secs * (item.world or len(act.devices))
             yield TrainingDone(self.now, batch=act.batch, version=int(item.metrics["version"]), seconds=secs,
-                               progress=self.ledger.counts())
+                               progress=self.ledger.counts(), world=item.world, reshard_s=item.reshard_s)
         else:
             raise TypeError(f"a driver thread returned {type(item).__name__}")
 

@@ -61,6 +61,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Seconds a collective training call waits for the other ranks once one rank's actor is dead (their
+#: collective lost a peer; one still blocked after this is left to the caller's restart).
+PEER_GRACE_S = 30.0
+
 
 class Executor:
     """Executes moves and shift plans on the device actors of one cluster."""
@@ -440,22 +444,38 @@ class Executor:
     # ------------------------------------------------------------------ training (collective)
     def train_call(self, devices: tuple[int, ...], method: str, *args: Any) -> list[Any]:
         """One collective call on every training rank. A dead rank raises `TrainingRankDied`
-        naming its device (the group cannot finish the call without it), an overdue call
-        `TimeLimitExceeded`."""
+        naming its device (the group cannot finish the call without it), whatever the other
+        ranks raised (waiting at most `PEER_GRACE_S` more for them); a call past its time limit
+        raises `TimeLimitExceeded`; else the first error."""
+        import ray
+
         h = self.handles(devices)
-        t0, limit = time.monotonic(), self.limits.of(TRAIN_CALL_LIMITS.get(method, "train"), "policy")
-        refs = [getattr(h[d][0], method).remote(*args) for d in devices]
-        out, dead = [], []
-        for d, ref in zip(devices, refs):
+        limit = self.limits.of(TRAIN_CALL_LIMITS.get(method, "train"), "policy")
+        t0 = time.monotonic()
+        pending = {getattr(h[d][0], method).remote(*args): d for d in devices}
+        out, dead, failed, grace = {}, [], [], None
+        while pending:
+            end = t0 + limit.seconds if grace is None else min(grace, t0 + limit.seconds)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, end - time.monotonic()))
+            if not ready:
+                if grace is not None:  # the survivors are stuck in a collective with the dead: no more waiting
+                    break
+                raise TimeLimitExceeded(f"training {method}", list(devices), time.monotonic() - t0,
+                                        limit.seconds, limit.key)
+            d = pending.pop(ready[0])
             try:
-                out.append(self.limits.wait(ref, limit, f"training {method}", list(devices), t0))
+                out[d] = ray.get(ready[0])
             except Exception as e:
-                if not is_dead(e):
-                    raise
-                dead.append(d)
-        if dead:
-            raise TrainingRankDied(dead, method)
-        return out
+                if is_dead(e):
+                    dead.append(d)
+                    grace = grace or time.monotonic() + PEER_GRACE_S
+                else:
+                    failed.append(e)
+        if dead:  # the survivors' errors (their collectives lost a peer) follow from it
+            raise TrainingRankDied(sorted(dead), method)
+        if failed:
+            raise failed[0]
+        return [out[d] for d in devices]
 
     def close(self) -> None:
         """Close every device actor at once (each stops its engines; a vLLM engine's process takes

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pivotrl.core.types import Role, Slot
+from pivotrl.runtime.elastic import TrainerGroups
 from pivotrl.runtime.roles import RoleSpec
 
 if TYPE_CHECKING:
@@ -48,9 +49,12 @@ class Launch:
             raw = str(Path.cwd() / raw)  # a relative folder is the driver's, not each worker's cwd
         self.rank_checkpoint_dir = raw or str(self.checkpoint_dir.resolve())
         """The same folder as the trainer ranks are told it (each expands `~`, `$VAR` on its node)."""
-        self._init_method: str | None = None  # the trainer's rendezvous, asked once per trainer built
         self.nodes: NodeView | None = None  # each node's own model folders (the check at start)
         self._ray_nodes: list[str] = []  # the Ray node of each node group (placement group)
+        tr = int(resolved.allocation.get("train") or 0)
+        home = Slot(Role.TRAIN, resolved.num_devices - tr, tr) if resolved.mode == "pivot" and tr else None
+        self.groups = TrainerGroups(home)
+        """The trainer's process groups and, with elastic training, its state in GPS (`elastic.py`)."""
         self.cluster: Cluster | None = None
         self.executor: Executor | None = None
         self.params: ParamSource | None = None
@@ -74,6 +78,8 @@ class Launch:
         self.params.register_hf("policy", str(self.policy_path), frozen=False)
         # the frozen judge stays out of GPS: a host copy on every node, loaded by its engine's own loader
         self.genrm_path = Path(self.params.keep_frozen("genrm", str(self.genrm_path)))
+        if getattr(self.r.planner, "elastic_training", False) and self.groups.home is not None:
+            self.groups.register(self.params, self.policy_path)
         if bool(self.cfg.train.resume):
             self._find_checkpoint()
         cl = self.cfg.cluster
@@ -107,13 +113,10 @@ class Launch:
         return str(Path(self.rank_checkpoint_dir) / Path(path).relative_to(self.checkpoint_dir))
 
     def rendezvous(self, rank0: int) -> str:
-        """The trainer's process-group address: rank 0's node and a port free there, asked of
-        device `rank0`'s actor once per trainer built (`recover_training` forgets it)."""
-        if self._init_method is None:
-            actor, _ = self.executor.handle(rank0)
-            self._init_method = self.executor.limits.get(actor.rendezvous.remote(), "call", "rendezvous",
-                                                         rank0)
-        return self._init_method
+        """A fresh process-group address for a trainer group: rank 0's node and a port free there,
+        asked of device `rank0`'s actor (`TrainerGroups.url` keeps one per training slot)."""
+        actor, _ = self.executor.handle(rank0)
+        return self.executor.limits.get(actor.rendezvous.remote(), "call", "rendezvous", rank0)
 
     def _find_checkpoint(self) -> None:
         """`train.resume=true`: continue from the newest complete checkpoint in the run folder."""
@@ -144,6 +147,12 @@ class Launch:
         from pivotrl.trainer.trainer_checkpoint import checkpoint_dir, latest_checkpoint
         from pivotrl.runtime.outcomes import TrainingStateLost
 
+        if self.groups.holds_version(version):  # elastic training: GPS holds the state at this version
+            self.groups.reset()
+            log.warning("training state lost: rebuilding the trainer from its state in host memory (version %d)",
+                        version)
+            return
+        self.groups.ready = False  # rebuilt from the checkpoint; the next step writes GPS's state again
         if int(version) != self.resume_version:
             ck = checkpoint_dir(self.checkpoint_dir, int(version))
             if not (ck / "trainer_state.json").is_file():
@@ -154,7 +163,7 @@ class Launch:
                     f"train.checkpoint_every={self.cfg.train.checkpoint_every}): the run stops rather than "
                     f"train on from a wrong version; {self.resume_hint()}")
             self.resume_path = ck
-        self._init_method = None  # a fresh process group: rank 0 picks a fresh port
+        self.groups.reset()  # a fresh process group: rank 0 picks a fresh port
         log.warning("training state lost: rebuilding the trainer from %s (version %d)",
                     self.resume_path or "the base policy", version)
 
@@ -162,10 +171,14 @@ class Launch:
         """What device `index` of `slot` must become (the executor calls this on shift up)."""
         device = slot.devices[index]
         if slot.role == Role.TRAIN:
+            g = self.groups
+            # once GPS holds the trainer's state, every new group is built from it (any world size)
+            resume = self.for_ranks(self.resume_path) if self.resume_path and not g.ready else None
             return RoleSpec(Role.TRAIN, "policy", self.model_path_on(device, "policy"),
                             trainer=self.r.trainer(self.cfg, slot.tp), rank=index, world_size=slot.tp,
-                            init_method=self.rendezvous(slot.first_device) if slot.tp > 1 else None,
-                            resume_from=self.for_ranks(self.resume_path) if self.resume_path else None)
+                            init_method=g.url(slot, self.rendezvous) if slot.tp > 1 else None,
+                            resume_from=resume, state=g.state if g.ready or resume is None else None,
+                            preserve=g.preserve(slot))
         model = "policy" if slot.role == Role.ROLLOUT else "genrm"
         # a replica of several devices: its first device runs the engine with tensor parallelism
         # across the slot; every other device of the slot is a member holding nothing

@@ -71,6 +71,11 @@ class TrainingResult:
     """The trainer's metrics of the step (rank 0's)."""
     seconds: float
     """The step's own seconds (the publish and the checkpoint's staging not included)."""
+    world: int = 0
+    """Devices the step ran on (0: all of `act.devices`; fewer after a restart without a dead one)."""
+    reshard_s: float | None = None
+    """Seconds this step's trainer spent being rebuilt on another layout from host memory (None:
+    it trained on its own group's state)."""
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,10 @@ def run_real(cfg: PivotConfig, run_dir: Path, tracker: Tracker | None) -> dict[s
     try:
         launch.start()
         ctrl = make_controller(cfg.deploy.mode, control_env(cfg, r, samples.source))
+        if launch.groups.off is not None:  # elastic training asked for, its state has no room: said in the log
+            ctrl.disable_elastic()
+            if tracker is not None:
+                tracker.log_event("elastic_training_off", now=0.0, why=launch.groups.off)
         # on the first rollout slot the controller shifts up: that engine is then the run's own
         first = next((s for p in ctrl.initial_plans() for s in p.up if s.role == Role.ROLLOUT), None)
         t0 = time.perf_counter()

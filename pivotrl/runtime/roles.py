@@ -37,8 +37,10 @@ replica's role and holds nothing of its own (the engine's other ranks are the en
 
 Training's parameters are declared offloadable, not "parameters": its fp32 master weights and
 optimizer state are the source of truth that GPS is written *from*, so they go to host memory and
-come back bit for bit; reading them back from GPS would lose the optimizer state. Training also
-never moves: its host keeps its home devices and its process group across shifts.
+come back bit for bit; reading them back from GPS would lose the optimizer state. Without elastic
+training it never moves: its host keeps its home devices and its process group across shifts.
+With elastic training its whole state (optimizer moments included) is also in GPS between steps,
+and a trainer on other devices is rebuilt from there (`TrainHost`).
 
 Knows nothing about Ray, schedulers or which device it is on (device.py hosts these objects).
 """
@@ -156,6 +158,13 @@ class RoleSpec:
     placement: EnginePlacement | None = None
     """Inference, the first device of a replica of several devices: the devices, cores and
     accelerators its engine spans (None: this device alone)."""
+    state: Any = None
+    """Training with elastic training: the trainer's state in GPS (`state_store.StateHandle`). A
+    trainer group new to this device is built from it when it holds a version (else from the
+    model folder or `resume_from`, and its first state is written there)."""
+    preserve: bool = True
+    """Training: keep this rank's trainer (offloaded) across shifts; False for a group outside the
+    home set, whose ranks drop it on shift down (its state is in GPS)."""
 
     def __post_init__(self) -> None:
         if self.role in (Role.ROLLOUT, Role.REWARD) and self.engine is None:
@@ -310,7 +319,16 @@ def _load_detail(facts: Mapping[str, Any]) -> dict[str, float]:
 
 
 class TrainHost(RoleHost):
-    """One FSDP2 rank of the trainer. Its process group is created on the first shift up and kept."""
+    """One FSDP2 rank of the trainer. Its process group is created on the first shift up and kept
+    while the trainer keeps its devices (`RoleSpec.init_method` names the group).
+
+    Elastic training (DESIGN §4.6): a shift up naming another group (the trainer grown onto more
+    devices, or back on its home set) tears this rank's trainer and process group down, joins the
+    new group and builds the trainer there from its state in host memory (`RoleSpec.state`,
+    `TrainerWorker(load_weights=False)` + `load_state`: the resharding W -> W'); that shift up is
+    timed as `reshard_s` and counted cold (it rebuilds the preserved context, so it is no sample of
+    `tau_shift`). A rank of a group outside the home set (`RoleSpec.preserve` false) drops its
+    trainer on shift down instead of offloading it."""
 
     CONTEXT = ContextDecl(
         temporary=("activations", "gradients"),
@@ -323,9 +341,21 @@ class TrainHost(RoleHost):
         if spec.role != Role.TRAIN:
             raise ValueError(f"TrainHost hosts train, not {spec.role.value}")
         super().__init__(spec)
-        self.worker: TrainerWorker | None = None
+        self.worker: Any = None
+        self.group: str | None = None
+        """The rendezvous of the process group this rank's trainer belongs to."""
 
-    def _build(self) -> None:
+    def retarget(self, spec: RoleSpec) -> None:
+        """The spec of the next shift up (its group, rank and world size may differ)."""
+        if spec.role != Role.TRAIN:
+            raise ValueError(f"TrainHost hosts train, not {spec.role.value}")
+        self.spec = spec
+
+    def _from_state(self) -> bool:
+        st = self.spec.state
+        return st is not None and int(st.store.current_version(st.name)) >= 0
+
+    def _build(self) -> dict[str, float]:
         import torch.distributed as dist
 
         from pivotrl.trainer.trainer_worker import TrainerWorker
@@ -335,22 +365,35 @@ class TrainHost(RoleHost):
         from pivotrl.runtime.nodes import free_port
 
         cfg = self.spec.trainer
-        if not dist.is_initialized():
-            _, backend = resolve_device(cfg)
-            # one rank without an address: a private loopback port (never a shared file)
-            init = self.spec.init_method or f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
-            init_process_group(self.spec.rank, self.spec.world_size, init, backend, cfg.timeout_s)
+        if self.worker is not None or dist.is_initialized():  # another group's trainer: leave it
+            self._drop()
+        _, backend = resolve_device(cfg)
+        # one rank without an address: a private loopback port (never a shared file)
+        init = self.spec.init_method or f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
+        init_process_group(self.spec.rank, self.spec.world_size, init, backend, cfg.timeout_s)
+        self.group = self.spec.init_method
+        st = self.spec.state
+        if self._from_state():
+            self.worker = TrainerWorker(cfg, self.spec.model_path, load_weights=False)
+            read = self.worker.load_state(st.store, st.name)
+            return {"state_read_s": read["seconds"], "state_read_bytes": read["bytes"]}
         self.worker = TrainerWorker(cfg, self.spec.model_path)
         if self.spec.resume_from:  # as configured: `~` and `$VAR` are this node's
             self.worker.load_checkpoint(expand_path(self.spec.resume_from))  # collective: every rank at once
+        if st is not None:  # the first state in host memory, for the groups that come next
+            wrote = self.worker.save_state(st.store, st.name)
+            return {"state_write_s": wrote["seconds"]}
+        return {}
 
-    def shift_up(self, weights: Weights, version: int) -> ShiftTiming:
+    def shift_up(self, weights: Any, version: int) -> ShiftTiming:
         del weights  # training is the GPS writer: it reloads its own state, reads nothing
         t0 = time.perf_counter()
-        cold = self.worker is None
-        detail: dict[str, float] = {}
+        cold = self.worker is None or self.group != self.spec.init_method
+        resharded = cold and self._from_state()
         if cold:
-            self._build()
+            detail = self._build()
+            if resharded:
+                detail["reshard_s"] = time.perf_counter() - t0
         else:
             detail = dict(self.worker.reload())
         self.active = True
@@ -358,21 +401,29 @@ class TrainHost(RoleHost):
                            version=int(self.worker.version), detail=detail)
 
     def shift_down(self) -> ShiftTiming:
-        """Offload to host memory. A checkpoint write in flight is waited for first: the devices
-        go on to another role, and one that dies there must leave a complete checkpoint of the
-        state it held (`train.checkpoint_async`)."""
+        """Offload to host memory (a group outside the home set drops its trainer instead). A
+        checkpoint write in flight is waited for first: the devices go on to another role, and
+        one that dies there must leave a complete checkpoint of the state it held
+        (`train.checkpoint_async`)."""
         t0 = time.perf_counter()
         detail: dict[str, float] = {}
+        version = None if self.worker is None else int(self.worker.version)
         if self.worker is not None and self.active:
             waited = self.worker.wait_checkpoint() is not None
             t1 = time.perf_counter()
-            detail = {**self.worker.offload(), **({"checkpoint_wait_s": t1 - t0} if waited else {})}
+            if self.spec.preserve:
+                detail = dict(self.worker.offload())
+            else:
+                self._drop()
+                detail = {"dropped": 1.0}
+            if waited:
+                detail["checkpoint_wait_s"] = t1 - t0
         self.active = False
-        return ShiftTiming(self.role.value, "down", time.perf_counter() - t0, detail=detail,
-                           version=None if self.worker is None else int(self.worker.version))
+        return ShiftTiming(self.role.value, "down", time.perf_counter() - t0, detail=detail, version=version)
 
-    def close(self, wait: bool = True) -> None:
-        worker, self.worker = self.worker, None
+    def _drop(self, wait: bool = True) -> None:
+        """Tear down this rank's trainer and process group (its state is elsewhere, or lost)."""
+        worker, self.worker, self.group = self.worker, None, None
         self.active = False
         if worker is not None:
             try:
@@ -386,6 +437,9 @@ class TrainHost(RoleHost):
                 dist.destroy_process_group()
         except Exception:  # teardown must not mask the run's own error
             pass
+
+    def close(self, wait: bool = True) -> None:
+        self._drop(wait)
 
 
 class MemberHost(RoleHost):

@@ -1,9 +1,18 @@
-"""One training step of a real run, on the trainer's home devices (a driver thread runs it).
+"""One training step of a real run, on the devices the controller gave the trainer (a driver
+thread runs it).
 
 Owns `TrainingSteps`: the batch built from the ledger (trained ids checked for repeats), the
 collective step, the publish into GPS (each rank writes its own shard, `DeviceWorker.publish`;
 the version GPS then holds must be the trainer's), the checkpoint every `train.checkpoint_every`
 versions, and the error a dead training rank stops the run with (what was lost, how to resume).
+
+Elastic training (`deploy.planner.elastic_training`, DESIGN §4.6): after every step the ranks
+write the trainer's whole state into host memory (`state_store`, a GPS model: `Launch.groups`),
+which is what a trainer of another world size is built from (`roles.TrainHost`; the rebuild's
+seconds are the step's `reshard_s`). A rank that dies mid-step (a borrowed device, or any) no longer
+ends the run when that state is at the step's version: the trainer is rebuilt on the longest run of
+the step's devices still alive and the step runs again on the same batch (nothing of the failed
+attempt was published or written), so no sample is lost or trained twice.
 
 Checkpoints are off the critical path: the ranks stage their state in host memory and write it in
 the background (`save_checkpoint(..., blocking=False)`), while the run goes on (the publish, the
@@ -20,10 +29,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable
 
+from pivotrl.core.types import Role
 from pivotrl.runtime.faults import point
-from pivotrl.runtime.outcomes import TrainingRankDied, TrainingResult
+from pivotrl.runtime.outcomes import ShiftResult, TrainingRankDied, TrainingResult
 
 if TYPE_CHECKING:
+    import ray
+
     from pivotrl.config import PivotConfig
     from pivotrl.deploy.events import StartTraining
     from pivotrl.runtime.executor import Executor
@@ -46,6 +58,7 @@ class TrainingSteps:
         self.trained_ids: list[int] = []
         self.metrics: dict[int, dict[str, float]] = {}
         self.home: tuple[int, ...] = ()  # the devices of the last step (the checkpoint in flight is theirs)
+        self.reshard_s: float | None = None  # the last training shift up's rebuild from host memory
 
     def died(self, devices: list[int], why: str) -> str:
         """The error of a training rank's death: what was lost, and how to resume."""
@@ -68,39 +81,96 @@ class TrainingSteps:
             log.warning("batch %d: some samples have no behaviour log-probs; training them as on-policy", act.batch)
         t0 = time.perf_counter()
         ref = ray.put(batch)
-        self.home = tuple(act.devices)
+        devices = tuple(act.devices)
+        self.home = devices
+        reshard, self.reshard_s = self.reshard_s, None
         try:
-            self._wait_checkpoint(act.devices, "before_step")
-            for d in act.devices:
-                point("train", d, self.ex.handle(d)[0])
-            metrics = self.ex.train_call(act.devices, "train_step", ref)[0]
+            self._wait_checkpoint(devices, "before_step")
+            try:
+                metrics = self._step(devices, ref)
+            except TrainingRankDied as e:
+                devices = self._restart(act, devices, e)
+                t0, reshard = time.perf_counter(), self.reshard_s
+                metrics = self._step(devices, ref)
             secs = time.perf_counter() - t0
             version = int(metrics["version"])
-            self._publish(act, version)
+            self._save_state(devices, version)
+            self._publish(devices, act.batch, version)
             if version % self.cfg.train.checkpoint_every == 0:
-                self._checkpoint(act, version)
+                self._checkpoint(devices, act.batch, version)
         except TrainingRankDied as e:
             raise RuntimeError(self.died(e.devices, f"during {e.method} of batch {act.batch}")) from None
+        self.home = devices
         self.metrics[act.batch] = metrics
-        return TrainingResult(act, metrics, secs)
+        world = len(devices) if devices != tuple(act.devices) else 0
+        return TrainingResult(act, metrics, secs, world=world, reshard_s=reshard)
 
-    def _publish(self, act: StartTraining, version: int) -> None:
+    def _step(self, devices: tuple[int, ...], ref: ray.ObjectRef) -> dict[str, float]:
+        for d in devices:
+            point("train", d, self.ex.handle(d)[0])
+        return self.ex.train_call(devices, "train_step", ref)[0]
+
+    # ------------------------------------------------------------------ elastic training
+    def shifted(self, res: ShiftResult) -> None:
+        """A shift finished: a trainer rebuilt from host memory on another layout (elastic
+        training) is what the next step reports as its `reshard_s` (the slowest rank's)."""
+        ups = [t.get("reshard_s") for t in res.timings if t["role"] == Role.TRAIN.value and t["direction"] == "up"]
+        ups = [x for x in ups if x is not None]
+        if ups:
+            self.reshard_s = max(ups)
+
+    def _save_state(self, devices: tuple[int, ...], version: int) -> None:
+        """Elastic training: the trainer's state into host memory (GPS) after every step, so a
+        trainer of any world size can be built from it, and a step that loses a rank restarts."""
+        g = self.launch.groups
+        if g.state is None:
+            return
+        out = self.ex.train_call(devices, "save_state", g.state.store, g.state.name)
+        g.ready = True
+        self.record_event("state_write", version=version, seconds=max(o["seconds"] for o in out),
+                          bytes=sum(o["bytes"] for o in out), world=len(devices))
+
+    def _restart(self, act: StartTraining, devices: tuple[int, ...], e: TrainingRankDied) -> tuple[int, ...]:
+        """A rank died in the step: with the trainer's state in host memory at this step's start
+        (elastic training), rebuild the trainer on the longest run of the step's devices still
+        alive and run the step again, on the same batch (nothing was trained: the version did not
+        move, nothing was published); else the run stops (`died`)."""
+        from pivotrl.core.types import ShiftPlan, Slot
+        from pivotrl.runtime.elastic import restart_slot
+
+        g = self.launch.groups
+        slot = restart_slot(devices, e.devices)
+        if slot is None or not g.holds_version(act.version):
+            raise RuntimeError(self.died(e.devices, f"during {e.method} of batch {act.batch}")) from None
+        for d in e.devices:
+            self.ex.respawn(d, f"{e.method}: training rank died")
+        log.warning("batch %d: training rank(s) on %s died; the step restarts on devices %s from the state in "
+                    "host memory (version %d)", act.batch, e.devices, list(slot.devices), act.version)
+        res = self.ex.run_shift(ShiftPlan(Role.TRAIN, up=[slot], down=[Slot(Role.TRAIN, devices[0], len(devices))]))
+        if res.error is not None:
+            raise res.error
+        self.shifted(res)
+        self.record_event("training_restarted", batch=act.batch, version=act.version, dead=list(e.devices),
+                          devices=list(slot.devices), reshard_s=self.reshard_s)
+        return slot.devices
+
+    def _publish(self, devices: tuple[int, ...], batch: int, version: int) -> None:
         params = self.ex.params
-        pub = self.ex.train_call(act.devices, "publish", params.store, "policy")[0]
+        pub = self.ex.train_call(devices, "publish", params.store, "policy")[0]
         published = params.policy_version("policy", int(pub["gps_version"]))
         if published != version:
-            raise RuntimeError(f"batch {act.batch}: the trainer is at policy version {version} but its "
+            raise RuntimeError(f"batch {batch}: the trainer is at policy version {version} but its "
                                f"publish made GPS hold version {published}")
         self.record_event("weight_publish", version=version, seconds=float(pub["seconds"]))
 
-    def _checkpoint(self, act: StartTraining, version: int) -> None:
+    def _checkpoint(self, devices: tuple[int, ...], batch: int, version: int) -> None:
         from pivotrl.trainer.trainer_checkpoint import checkpoint_dir
 
         path = self.launch.for_ranks(checkpoint_dir(self.launch.checkpoint_dir, version))
         t0 = time.perf_counter()
         blocking = not bool(self.cfg.train.checkpoint_async)
-        self.ex.train_call(act.devices, "save_checkpoint", path, {"step": version, "batch": act.batch}, blocking)
-        for d in act.devices:  # the write goes on in the background (a kill here: the chaos soak)
+        self.ex.train_call(devices, "save_checkpoint", path, {"step": version, "batch": batch}, blocking)
+        for d in devices:  # the write goes on in the background (a kill here: the chaos soak)
             point("checkpoint", d, self.ex.handle(d)[0])
         self.record_event("checkpoint", version=version, path=path, background=not blocking,
                                  step_blocked_s=time.perf_counter() - t0)

@@ -154,8 +154,9 @@ class SimDriver:
             yield self._on_shift_done(*payload)
         elif kind == "train_done":
             self.training_finished()
-            b, v, secs = payload
-            yield TrainingDone(self.t, batch=b, version=v, seconds=secs, progress=self._snapshot())
+            b, v, secs, reshard = payload
+            yield TrainingDone(self.t, batch=b, version=v, seconds=secs - (reshard or 0.0), progress=self._snapshot(),
+                               reshard_s=reshard)
 
     def _on_replica(self, rid: str) -> Iterator[Event]:
         rep = self.replicas[rid]
@@ -267,8 +268,10 @@ class SimDriver:
 
     def start_training(self, act: StartTraining) -> None:
         secs = self.training_seconds(act)
+        reshard = self.reshard_seconds(act)
         self.stats.train_start(self.t, len(act.devices))
-        self.queue.push(self.t + secs, "train_done", (act.batch, act.version + 1, secs))
+        self.queue.push(self.t + secs + (reshard or 0.0), "train_done", (act.batch, act.version + 1, secs + (reshard or 0.0),
+                                                                        reshard))
 
     # ------------------------------------------------------------------ physics hooks (subclasses)
     def shift_seconds(self, plan: ShiftPlan) -> tuple[float, float]:
@@ -289,9 +292,19 @@ class SimDriver:
         return down_s, up_s
 
     def training_seconds(self, act: StartTraining) -> float:
-        """Seconds of the training step `act` (the MFU model)."""
+        """Seconds of the training step `act` on its devices (the MFU model and the collectives
+        across nodes: `timemodel.training_model`)."""
         m = self.cfg.models
-        return tm.training_time(m.policy, self.cfg.cluster.hardware, m.sim, act.tokens, len(act.devices))
+        return tm.training_time(m.policy, self.cfg.cluster.hardware, m.sim, act.tokens, len(act.devices),
+                                self.cfg.cluster.node_size, self.cfg.algo.ppo_mini_batches * self.cfg.algo.ppo_epochs)
+
+    def reshard_seconds(self, act: StartTraining) -> float | None:
+        """Seconds the step `act` spends moving the trainer's state from its home layout to its
+        devices and back (`timemodel.reshard_time`); None when it runs on its home set."""
+        if not act.home:
+            return None
+        return tm.reshard_time(self.cfg.models.policy, self.cfg.cluster.hardware, len(act.devices),
+                               self.cfg.cluster.node_size)
 
     def training_finished(self) -> None:
         """A training step ends now (before its `TrainingDone` reaches the controller)."""

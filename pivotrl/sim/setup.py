@@ -44,6 +44,11 @@ class SimSetup:
         tau = {r: c.shift_up_s + c.shift_down_s for r, c in self.costs.items()}
         tau[Role.TRAIN] = m.policy.train_shift_up_s + m.policy.train_shift_down_s
         res = resolve(cfg)
+        node, hw = cfg.cluster.node_size, cfg.cluster.hardware
+        # the simulator's own training clock, never refitted (as its decode models are not), and
+        # the reshard of a trainer twice its home size as the prior the measured ones replace
+        train = tm.training_model(m.policy, hw, m.sim, node, cfg.algo.ppo_mini_batches * cfg.algo.ppo_epochs)
+        home = self.allocation.get(Role.TRAIN) or res.allocation.get("train") or 1
         return ControlEnv(
             num_devices=self.num_devices, node_size=cfg.cluster.node_size,
             tp={r: c.tp for r, c in self.costs.items()},
@@ -55,4 +60,6 @@ class SimSetup:
             kv_capacity={r: c.kv_capacity for r, c in self.costs.items()},
             max_num_seqs={r: c.max_num_seqs for r, c in self.costs.items()},
             batch_barrier=bool(m.sim.rollout_batch_barrier),
-            reward_batch_barrier=bool(m.sim.reward_batch_barrier) and res.mode == "disaggregated")
+            reward_batch_barrier=bool(m.sim.reward_batch_barrier) and res.mode == "disaggregated",
+            train_model=train, train_model_fixed=True,
+            reshard_s=tm.reshard_time(m.policy, hw, 2 * home, node))

@@ -6,7 +6,8 @@ Owns the formulas of calibration.md §3, §5 and §7, and nothing else:
   linear-attention state updates, and the engine's CUDA-graph mode;
 - prefill `P0 + P1*L + P2*L^2`;
 - KV capacity of a replica (HBM share minus weights) and a hybrid model's per-sequence state in KV tokens;
-- training step time from the MFU model;
+- training step time from the MFU model, on any number of devices (FSDP collectives across nodes),
+  and the reshard of the trainer's state through host memory (elastic training);
 - shift-up/down times (weight read from host over PCIe + the paper's measured engine overheads),
   the phased modes' sleep/wake swap (weights only), training shift times, and weight publish time.
 
@@ -26,6 +27,7 @@ from pivotrl.config.cluster import HardwareProfile
 from pivotrl.config.models import ModelSpec, ModelsConfig
 from pivotrl.config.sim import SimConfig
 from pivotrl.core.throughput import ThroughputModel
+from pivotrl.core.training_time import TrainTimeModel
 from pivotrl.core.types import Role
 
 
@@ -109,17 +111,57 @@ def state_tokens(spec: ModelSpec, tp: int | None = None) -> int:
     return math.ceil(spec.arch.linear_state_bytes / (spec.kv_bytes_per_token * kv_replication(spec, tp)))
 
 
-def training_time(policy: ModelSpec, hw: HardwareProfile, sim: SimConfig, tokens: int, gpus: int) -> float:
-    """`k * 6 * P * tokens / (gpus * peak * MFU) + T_fixed` seconds (calibration §5)."""
+def training_model(policy: ModelSpec, hw: HardwareProfile, sim: SimConfig, node_size: int,
+                   updates: int = 1) -> TrainTimeModel:
+    """Seconds of a training step on W devices (calibration §5's MFU model plus FSDP collectives),
+    as core's `TrainTimeModel`, the form the planner prices elastic training with:
+
+        t(W, tokens) = T_fixed + k * 6 * P * tokens / (W * peak * MFU)
+                       + (W > node_size) * (W - 1) / W * bytes_per_step / inter_node_bw
+
+    `T_fixed` does not shrink with W (the scaling loss within a node; calibration §5 brackets it).
+    Collectives within a node are taken as hidden behind the compute (FSDP2 prefetches the next
+    layer's all-gather while this one computes; the MFU fitted at one node's training already
+    holds what is not): none declared, none charged. Across nodes a ring all-gather or
+    reduce-scatter moves `(W-1)/W` of its bytes over each device's inter-node link (calibration §2,
+    IB NDR practical), charged in full (no overlap, a conservative choice): per optimizer update
+    one bf16 all-gather of the parameters (`2P` bytes, held through the update's micro-batches)
+    and one fp32 reduce-scatter of the gradients (`4P`), plus one bf16 all-gather for the step's
+    log-prob pass: `bytes_per_step = (6 * updates + 2) * P` (E: the schedule, not measured)."""
+    return TrainTimeModel(
+        fixed_s=sim.train_fixed_s,
+        token_s=sim.train_recompute_factor * 6.0 * policy.params_total / (hw.peak_flops * hw.mfu),
+        comm_s=0.0,
+        cross_node_s=(6.0 * updates + 2.0) * policy.params_total / hw.inter_node_bw,
+        node_size=int(node_size))
+
+
+def training_time(policy: ModelSpec, hw: HardwareProfile, sim: SimConfig, tokens: int, gpus: int,
+                  node_size: int = 0, updates: int = 1) -> float:
+    """Seconds of a training step over `tokens` on `gpus` devices (`training_model`)."""
     if gpus < 1:
         raise ValueError(f"training needs >= 1 device, got {gpus}")
-    compute = sim.train_recompute_factor * 6.0 * policy.params_total * tokens / (gpus * hw.peak_flops * hw.mfu)
-    return compute + sim.train_fixed_s
+    return training_model(policy, hw, sim, node_size, updates).seconds(gpus, tokens)
 
 
 def training_work(policy: ModelSpec, hw: HardwareProfile, sim: SimConfig, tokens: int) -> float:
     """Device-seconds of training compute for `tokens` (no fixed overhead): the ideal bound's W_train."""
     return sim.train_recompute_factor * 6.0 * policy.params_total * tokens / (hw.peak_flops * hw.mfu)
+
+
+#: Bytes of trainer state per parameter kept in host memory between steps (elastic training): fp32
+#: master weights and AdamW's two fp32 moments (pivotrl/trainer/state_store.py stores the same).
+TRAIN_STATE_BYTES_PER_PARAM = 12
+
+
+def reshard_time(policy: ModelSpec, hw: HardwareProfile, world: int, node_size: int) -> float:
+    """Seconds to move the trainer's state from its home layout to `world` devices and back through
+    host memory (elastic training): every rank reads its `1/world` share of the state and writes
+    it back after the step, all ranks at once, each over its own link: PCIe host-to-device within
+    the home node, the inter-node link once the trainer spans nodes (calibration §2)."""
+    state = TRAIN_STATE_BYTES_PER_PARAM * policy.params_total
+    bw = hw.inter_node_bw if 0 < node_size < world else hw.host_to_device_bw
+    return 2.0 * state / world / bw
 
 
 def shift_up_time(spec: ModelSpec, hw: HardwareProfile, tp: int | None = None) -> float:

@@ -12,6 +12,8 @@ File map:
   offload.py             offload/reload of device storages via reused (pinned) host buffers; CUDA flush
   memory.py              peak training memory per rank by arithmetic; check_fits (pure Python)
   dist.py                process groups and devices of the ranks
+  state_store.py         the whole state in host memory (a GPS model) any world size reads (elastic training)
+  row_write.py           the collective GPS row write the publish and the state store share
 
 Publishing the policy into GPS is `pivotrl.engines.weight_sync.publish_shards` (each rank's own
 shard, no gather). Importing this package imports nothing heavy; the modules import torch.

@@ -67,9 +67,11 @@ def _rebuild_rotary(model: torch.nn.Module, device: torch.device) -> None:
 
 def build_sharded_model(auto_cls: Any, model_path: Path, device: torch.device, *, world_size: int,
                         param_dtype: str, init_on_meta: bool, gradient_checkpointing: bool,
-                        hidden_head: bool) -> torch.nn.Module:
+                        hidden_head: bool, load_weights: bool = True) -> torch.nn.Module:
     """The FSDP2-sharded model of `model_path` on `device` (see the module docstring). Collective:
-    every rank of the default group calls it at once."""
+    every rank of the default group calls it at once. `load_weights=False` (with `init_on_meta`):
+    the shards are allocated but left unset, for a caller that fills them itself (the trainer's
+    state from host memory, `pivotrl.trainer.state_store`): the files are not read."""
     from transformers import AutoConfig
 
     if init_on_meta:
@@ -97,6 +99,8 @@ def build_sharded_model(auto_cls: Any, model_path: Path, device: torch.device, *
     if init_on_meta:
         model.to_empty(device=device)
         _rebuild_rotary(model, device)
+        if not load_weights:
+            return model
         full = read_mapped_state_dict(model_path) if dist.get_rank() == 0 else {}
         # Tied heads are not in the files (they are the embedding); every other name must be.
         if dist.get_rank() == 0:

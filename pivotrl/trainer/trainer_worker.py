@@ -55,7 +55,10 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class TrainerWorker:
     """The rank-local trainer. Every public method is collective: call it on all ranks."""
 
-    def __init__(self, cfg: TrainerSpec, model_path: str | os.PathLike, device: torch.device | str | None = None):
+    def __init__(self, cfg: TrainerSpec, model_path: str | os.PathLike, device: torch.device | str | None = None,
+                 load_weights: bool = True):
+        """`load_weights=False`: the policy's shards are allocated but not read from `model_path`;
+        the caller fills the whole state next (`load_state`, elastic training)."""
         from transformers import AutoModelForCausalLM
 
         if not dist.is_initialized():
@@ -75,7 +78,7 @@ class TrainerWorker:
 
         if not (self.model_path / "config.json").is_file():
             raise ValueError(f"model_path {str(self.model_path)!r} is not a Hugging Face model folder (no config.json)")
-        self.model = self._load_sharded(AutoModelForCausalLM)
+        self.model = self._load_sharded(AutoModelForCausalLM, load_weights=load_weights)
         self.model.train()
         self.hf_config = self.model.config
         self.optimizer = torch.optim.AdamW(
@@ -93,17 +96,20 @@ class TrainerWorker:
 
         self.version = 0  # policy version the current parameters represent; +1 per update
         self.counters = {"steps": 0, "samples_trained": 0, "samples_rejected_stale": 0, "tokens_trained": 0}
+        self.state_meta: dict[str, Any] = {}
+        """What the host-memory state carries besides tensors and this rank's own fields (every
+        world size's RNG streams: `state_store`)."""
         self._offload = StorageOffload(self.device)
         # Asynchronous checkpoint writes, at most one in flight (`trainer_checkpoint.Checkpointer`).
         self._checkpoints = trainer_checkpoint.Checkpointer(timeout_s=cfg.timeout_s)
 
     # ----------------------------------------------------------------------------------- setup
-    def _load_sharded(self, auto_cls: Any, trainable: bool = True) -> torch.nn.Module:
+    def _load_sharded(self, auto_cls: Any, trainable: bool = True, load_weights: bool = True) -> torch.nn.Module:
         cfg = self.cfg
         return build_sharded_model(
             auto_cls, self.model_path, self.device, world_size=self.world_size, param_dtype=cfg.param_dtype,
             init_on_meta=cfg.init_on_meta, gradient_checkpointing=cfg.gradient_checkpointing and trainable,
-            hidden_head=cfg.logprob_chunk_tokens > 0)
+            hidden_head=cfg.logprob_chunk_tokens > 0, load_weights=load_weights)
 
     @staticmethod
     def _seed_all(seed: int) -> None:
@@ -377,6 +383,22 @@ class TrainerWorker:
 
     def state(self) -> dict[str, Any]:
         return {"version": self.version, "counters": dict(self.counters), "world_size": self.world_size}
+
+    def save_state(self, store: Any, name: str) -> dict[str, float]:
+        """Write the whole state (weights, AdamW moments and step, version, counters, RNG) into GPS
+        model `name` of `store`, each rank its own rows (`state_store.write_state`). Collective."""
+        from pivotrl.trainer.state_store import write_state
+
+        self._require_loaded("save_state")
+        return write_state(self, store, name)
+
+    def load_state(self, store: Any, name: str) -> dict[str, float]:
+        """Take the whole state from GPS model `name` of `store`, whatever world size wrote it
+        (`state_store.read_state`). Collective."""
+        from pivotrl.trainer.state_store import read_state
+
+        self._require_loaded("load_state")
+        return read_state(self, store, name)
 
     # --------------------------------------------------------------------- offload / reload
     def offloadable(self) -> list[tuple[str, torch.Tensor]]:

@@ -51,6 +51,8 @@ def test_a_strategys_own_settings_reach_its_schema_only():
     (["deploy/planner=vanilla", "deploy.planner.evaluation=guess"], "deploy.planner.evaluation='guess' is invalid; "
      "allowed: migrate | summary"),
     (["deploy/planner=static", "deploy.planner.tick_s=0"], "deploy.planner.tick_s=0.0 is invalid; allowed: a finite"),
+    (["deploy.planner.elastic_max_devices=0"], "deploy.planner.elastic_max_devices=0 is invalid; allowed: null or an "
+     "int >= 1"),
     # the old flat keys: the new name and how to write it
     (["deploy.planner.strategy=rule"], "deploy.planner.strategy='rule' is invalid; allowed: the new key: "
      "deploy/planner=rule"),
@@ -63,6 +65,16 @@ def test_bad_values_and_old_keys_fail_naming_the_path(overrides, message):
     with pytest.raises(ConfigError) as ei:
         compose_config(overrides)
     assert str(ei.value).startswith(message), str(ei.value)
+
+
+def test_elastic_training_is_the_pivot_planners_setting():
+    """DESIGN §4.6: off by default (the paper's fixed home set); a setting of pivot and vanilla,
+    an unknown key of the strategies that never price training candidates."""
+    assert compose_config([]).deploy.planner.elastic_training is False
+    on = compose_config(["deploy.planner.elastic_training=true", "deploy.planner.elastic_max_devices=3"])
+    assert on.deploy.planner.elastic_training is True and on.deploy.planner.elastic_max_devices == 3
+    with pytest.raises(ConfigError, match=r"elastic_training is a setting of deploy/planner=pivot \| vanilla"):
+        compose_config(["deploy/planner=static", "deploy.planner.elastic_training=true"])
 
 
 def test_a_schema_names_its_own_strategy_only():

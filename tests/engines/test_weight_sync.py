@@ -26,20 +26,6 @@ def folder(tmp_path_factory):
     return create_tiny_model(tmp_path_factory.mktemp("sync") / "m", TINY, seed=4)
 
 
-@pytest.fixture(scope="module")
-def ray_store():
-    import ray
-
-    from pivotrl.gps.ray_transport import make_ray_store
-
-    ray.init(address="local", num_cpus=1, resources={"gps_node_0": 1}, include_dashboard=False,
-             logging_level="ERROR")
-    store = make_ray_store(GPSConfig(transport="ray", ray_node_resource="gps_node_{}"), 1)
-    yield store
-    store.close()
-    ray.shutdown()
-
-
 def _spec(folder, dtype):
     return ModelSpec.from_config(json.loads((folder / "config.json").read_text()), dtype=dtype)
 

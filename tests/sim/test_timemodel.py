@@ -78,6 +78,22 @@ def test_training_time_mfu_model(make_cfg):
     assert tm.training_time(cfg.models.policy, HW, cfg.models.sim, 1_000_000, 16) < t
 
 
+def test_training_on_more_devices_pays_collectives_across_nodes_and_a_reshard(make_cfg):
+    """Elastic training's physics: FSDP collectives only once the trainer spans nodes, at the
+    inter-node bandwidth (charged in full), and the state's trip through host memory."""
+    cfg = make_cfg("models=qwen7b_qwen30b")
+    pol, sim = cfg.models.policy, cfg.models.sim
+    m = tm.training_model(pol, HW, sim, node_size=8, updates=2)
+    assert m.cross_node_s == pytest.approx((6 * 2 + 2) * pol.params_total / HW.inter_node_bw)
+    one_node = tm.training_time(pol, HW, sim, 1_000_000, 8, node_size=8, updates=2)
+    assert one_node == pytest.approx(tm.training_time(pol, HW, sim, 1_000_000, 8))  # as before within a node
+    sixteen = tm.training_time(pol, HW, sim, 1_000_000, 16, node_size=8, updates=2)
+    assert sixteen == pytest.approx((one_node - sim.train_fixed_s) / 2 + sim.train_fixed_s + m.cross_node_s * 15 / 16)
+    state = tm.TRAIN_STATE_BYTES_PER_PARAM * pol.params_total
+    assert tm.reshard_time(pol, HW, 8, 8) == pytest.approx(2 * state / 8 / HW.host_to_device_bw)
+    assert tm.reshard_time(pol, HW, 16, 8) == pytest.approx(2 * state / 16 / HW.inter_node_bw)
+
+
 def test_shift_times_within_paper_measurements(make_cfg):
     small = make_cfg("models=qwen1.5b_glm9b").models.policy
     big = make_cfg("models=qwen72b_qwen122b").models.genrm
