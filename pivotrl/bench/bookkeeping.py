@@ -145,7 +145,7 @@ class Replica:
         self.worker = DeviceWorker(device, threads=1)
         spec = roles.RoleSpec(role, "policy" if role == Role.ROLLOUT else "genrm", model_dir,
                               engine=EngineSpec.for_role(EngineConfig(name="cpu"), role.value))
-        with mock.patch.object(roles, "build_engine", lambda spec: self.engine):
+        with mock.patch.object(roles, "build_engine", lambda spec, **kw: self.engine):
             self.worker.shift_up(spec)  # the real shift up, with this engine in place of a model's
         self.ids: list[int] = []
         self.add(seqs, ledger=None)

@@ -86,7 +86,7 @@ class Launch:
         self.executor = Executor(self.cluster, self.role_spec, self.params, {Role.ROLLOUT: "policy", Role.REWARD: "genrm"},
                                  max_respawns=int(cl.max_respawns), respawn_window_s=float(cl.respawn_window_s),
                                  train_recovery=self.recover_training,
-                                 limits=Limits.of_store(cl.limits, self.params.store, {"policy", "genrm"}))
+                                 limits=Limits.of_params(cl.limits, self.params, {"policy", "genrm"}))
         self.executor.wait_ready()
 
     def model_sources(self) -> list[ModelSource]:
@@ -97,13 +97,17 @@ class Launch:
         m = self.cfg.models
         if m.policy.hf_path and m.genrm.hf_path:
             return [ModelSource(role, f"models.{role}.hf_path", str(getattr(m, role).hf_path),
-                                need_chat_template=getattr(m, role).chat.chat_template is None)
+                                need_chat_template=getattr(m, role).chat.chat_template is None,
+                                frozen=role == "genrm")
                     for role in ("policy", "genrm")]
         return [ModelSource("policy", "models.bootstrap.cache_dir", str(self.policy_path)),
-                ModelSource("genrm", "models.bootstrap.cache_dir", str(self.genrm_path))]
+                ModelSource("genrm", "models.bootstrap.cache_dir", str(self.genrm_path), frozen=True)]
 
     def model_path_on(self, device: int, model: str) -> str:
-        """The folder of `model` as `device`'s node resolved it (the driver's when unchecked)."""
+        """The folder of `model` as `device`'s node resolved it (the driver's when unchecked); a
+        frozen model's host copy (the same path on every node) once it has one."""
+        if self.params is not None and model in self.params.host_copies:
+            return self.params.host_copies[model]
         if self.nodes is None:
             return str(self.policy_path if model == "policy" else self.genrm_path)
         return self.nodes.model_path(self._ray_nodes[self.cluster.node_of(device)], model)

@@ -28,7 +28,7 @@ from pivotrl.config.cluster import LimitsConfig
 from pivotrl.runtime.outcomes import TimeLimitExceeded
 
 if TYPE_CHECKING:
-    from pivotrl.gps.store import GlobalParameterStore
+    from pivotrl.runtime.params import ParamSource
 
 KINDS = ("call", "shift", "load", "train")
 #: Training calls (`Executor.train_call`) -> the kind of their limit.
@@ -51,12 +51,12 @@ class Limits:
     def __init__(self, cfg: LimitsConfig | None = None, model_gb: Mapping[str, float] | None = None) -> None:
         self.cfg = cfg if cfg is not None else LimitsConfig()
         self.model_gb = dict(model_gb or {})
-        """GB of weights per GPS model (`policy`, `genrm`)."""
+        """GB of weights per model (`policy`, `genrm`)."""
 
     @classmethod
-    def of_store(cls, cfg: LimitsConfig, store: GlobalParameterStore, models: Iterable[str]) -> "Limits":
-        """Limits scaled by each of `models`' size as GPS holds it."""
-        return cls(cfg, {m: store.spec(m).nbytes / 1e9 for m in models})
+    def of_params(cls, cfg: LimitsConfig, params: ParamSource, models: Iterable[str]) -> "Limits":
+        """Limits scaled by each of `models`' size as the run holds it (GPS, or a host copy)."""
+        return cls(cfg, {m: params.model_bytes(m) / 1e9 for m in models})
 
     def of(self, kind: str, model: str | None = None) -> Limit:
         """The limit of a `kind` call (module docstring) on `model`'s weights."""

@@ -48,6 +48,8 @@ class ModelSource:
     path: str
     """The folder or Hub id, as configured (each node resolves it itself)."""
     need_chat_template: bool = False
+    frozen: bool = False
+    """A frozen model (the judge) is loaded by its engine's own loader: no GPS partition rules needed."""
 
 
 @dataclass
@@ -114,7 +116,7 @@ def probe_node(checkpoint_dir: str, models: list[ModelSource], token: str) -> di
 
     for m in models:
         try:
-            ck = resolve_checkpoint(m.path, m.key, need_chat_template=m.need_chat_template)
+            ck = resolve_checkpoint(m.path, m.key, need_chat_template=m.need_chat_template, gps_rules=not m.frozen)
             out["models"][m.name] = str(ck.path)
         except Exception as e:  # noqa: BLE001 - reported, with the node, by the driver
             out["errors"].append((m.key, m.path, f"{type(e).__name__}: {e}"))

@@ -33,6 +33,7 @@ class ParamSource:
         self.store = store
         self.host_copies: dict[str, str] = {}
         """model -> the folder of its host copy (frozen models kept beside GPS, `keep_frozen`)."""
+        self._host_copy_bytes: dict[str, int] = {}
         self.offset: dict[str, int] = {}
         """policy version = GPS version + offset (non-zero only after a resume)."""
 
@@ -58,8 +59,17 @@ class ParamSource:
         """Keep frozen `model` beside GPS as a copy of its folder in every node's shared memory
         (`GlobalParameterStore.host_copy`, reserved from the GPS budget); returns the copy's
         folder (the same path on every node), which its engines load from."""
+        from pivotrl.gps.node_import import folder_bytes
+
         self.host_copies[model] = self.store.host_copy(model, str(path))
+        self._host_copy_bytes[model] = folder_bytes(path)
         return self.host_copies[model]
+
+    def model_bytes(self, model: str) -> int:
+        """Bytes of `model`'s weights: its GPS version's, or its host copy's (a frozen judge)."""
+        if model in self._host_copy_bytes:
+            return self._host_copy_bytes[model]
+        return int(self.store.spec(model).nbytes)
 
     def restore(self, model: str, state_dict: Mapping[str, Any], version: int) -> None:
         """Publish a checkpoint's weights as policy `version` (resume). The trainer's names and

@@ -52,7 +52,7 @@ def test_write_marks_fitted_lines(monkeypatch, tmp_path):
     hw = (root / "conf" / "cluster" / "sim.yaml").read_text()
     assert "mfu: 0.28   # E, fitted to Fig. 9 baselines" in hw
     assert "eager_layer_s: 0.3e-3   # E, fitted to Fig. 9 baselines" in hw
-    assert "flops_dense: 40.0e+12   # M-derived (s12): verl's measured" in hw  # set from verl_gen, never fitted
+    assert "flops_dense: 30.0e+12   # M-derived: verl's measured" in hw  # set from verl_gen, never fitted
     assert "flops_moe: 40.0e+12     # D: the per-sequence decode work" in hw  # calibration §7 V4, never fitted
     assert "bw_experts: 3.0e12" in hw and "Not fitted" in hw
     cal.write_yaml(fit, rows)  # idempotent: a second fit rewrites the same lines

@@ -127,9 +127,12 @@ def test_recovery_points_the_trainer_at_the_checkpoint_of_its_version(tmp_path):
     ck = checkpoint_dir(tmp_path / "checkpoints", 3)
     ck.mkdir(parents=True)
     (ck / "trainer_state.json").write_text('{"version": 3}')
-    la._init_method = "tcp://10.0.0.1:29500"  # the lost trainer's rendezvous
+    asked = []
+    slot = Slot(Role.TRAIN, 3, 1)
+    lost = la.groups.url(slot, lambda rank0: asked.append(rank0) or "tcp://10.0.0.1:29500")  # the lost trainer's
     la.recover_training(3)
-    assert la.resume_path == ck and la._init_method is None, "a fresh rendezvous: rank 0 picks a fresh port"
+    again = la.groups.url(slot, lambda rank0: asked.append(rank0) or "tcp://10.0.0.1:29501")
+    assert la.resume_path == ck and again != lost and asked == [3, 3], "a fresh rendezvous: rank 0 picks a fresh port"
     spec = la.role_spec(Slot(Role.TRAIN, 3, 1), 0)
     assert spec.resume_from == str(ck) and spec.init_method is None, "one rank: a loopback port of its own"
 
