@@ -20,7 +20,7 @@ PLANNER_TABLE_BYTES = 4  # int32 entries of the planner's Alg. 1 choice table (p
 # Host bytes one sample of an in-flight batch costs the simulator (its hidden lengths, sequence,
 # events and ledger entries): measured 2.8 KB of peak RSS per sample of a step at staleness 2 (up
 # to 4 batches alive), i.e. 0.7 KB per in-flight sample; 1 KiB leaves headroom
-# (docs/benchmarks/rel.md, "simulator memory per sample").
+# (docs/benchmarks-history.md, issue 22, "Simulator memory per sample").
 BATCH_SAMPLE_BYTES = 1024
 
 

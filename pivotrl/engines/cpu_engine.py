@@ -218,7 +218,8 @@ class CPUEngine:
             self._restart_interval()
             # no gc.collect(): the cache and model hold no reference cycles, so they are freed
             # here by reference counting; a full collection cost 0.19 CPU-s per shift down (4.5-
-            # 11.6 % of an inference device's CPU in the default run; docs/benchmarks/bookkeep.md)
+            # 11.6 % of an inference device's CPU in the default run; docs/benchmarks-history.md,
+            # issue 19 item 4)
 
     def reacquire_memory(self, state_dict: Mapping[str, object] | None = None,
                          version: int | None = None) -> dict[str, float]:

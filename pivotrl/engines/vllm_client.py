@@ -40,8 +40,8 @@ def sleep_supported() -> bool:
 
 def async_engine_args(model_path: Path, cfg: EngineConfig, max_model_len: int, tensor_parallel_size: int,
                       sleep_mode: bool, read_weights: bool = True) -> Any:
-    """vLLM's `AsyncEngineArgs` for one engine (docs/benchmarks/refactor.md, "vLLM engine notes",
-    has the measurements behind the chunked-prefill and log-prob choices)."""
+    """vLLM's `AsyncEngineArgs` for one engine (docs/vllm_engine.md has the measurements behind
+    the chunked-prefill and log-prob choices)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     from pivotrl.config.engine import by_platform

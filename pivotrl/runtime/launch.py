@@ -180,7 +180,7 @@ class Launch:
             resume = self.for_ranks(self.resume_path) if self.resume_path and not g.ready else None
             return RoleSpec(Role.TRAIN, "policy", self.model_path_on(device, "policy"),
                             trainer=self.r.trainer(self.cfg, slot.tp), rank=index, world_size=slot.tp,
-                            init_method=g.url(slot, self.rendezvous) if slot.tp > 1 else None,
+                            init_method=g.url(slot, self.rendezvous),  # every slot: a new one is a new group
                             resume_from=resume, state=g.state if g.ready or resume is None else None,
                             preserve=g.preserve(slot))
         model = "policy" if slot.role == Role.ROLLOUT else "genrm"

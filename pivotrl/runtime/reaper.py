@@ -4,7 +4,7 @@ Owns `Reaper` (started by `runtime/cluster.py` right after `ray.init` starts a p
 the watcher process it runs (`python -m pivotrl.runtime.reaper`). Why: Ray ties its head's
 `gcs_server` and `raylet` to the driver, but the raylet's own children, `DashboardAgent` and
 `RuntimeEnvAgent`, outlive a SIGKILLed driver by one to two minutes, holding about 210 MB
-(measured on `cluster=local`, docs/benchmarks/rel.md "Ray processes after a killed driver").
+(measured on `cluster=local`, docs/benchmarks-history.md, issue 22, "Ray processes after a SIGKILLed driver").
 
 How, with no process ever chosen by its name:
 - the head's roots are the driver's children that `ray.init` started (the driver's children after

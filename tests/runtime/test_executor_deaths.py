@@ -133,8 +133,22 @@ def test_recovery_points_the_trainer_at_the_checkpoint_of_its_version(tmp_path):
     la.recover_training(3)
     again = la.groups.url(slot, lambda rank0: asked.append(rank0) or "tcp://10.0.0.1:29501")
     assert la.resume_path == ck and again != lost and asked == [3, 3], "a fresh rendezvous: rank 0 picks a fresh port"
+    la.rendezvous = lambda rank0: asked.append(rank0) or f"tcp://10.0.0.1:{29500 + len(asked)}"
     spec = la.role_spec(Slot(Role.TRAIN, 3, 1), 0)
-    assert spec.resume_from == str(ck) and spec.init_method is None, "one rank: a loopback port of its own"
+    assert spec.resume_from == str(ck) and spec.init_method == again, "the same slot: the same group"
+
+
+def test_every_training_slot_change_is_a_new_group_also_through_one_rank(tmp_path):
+    """Found in an elastic run: the trainer grown to 2 devices, back on its 1-device home set, then
+    grown to the same 2 devices again was handed the first grown group's rendezvous (the one-rank
+    home set never asked for one), and its ranks hung in the process group's rendezvous."""
+    la = _launch(tmp_path)
+    asked = []
+    la.rendezvous = lambda rank0: asked.append(rank0) or f"tcp://10.0.0.{rank0}:{29500 + len(asked)}"
+    home, grown = Slot(Role.TRAIN, 3, 1), Slot(Role.TRAIN, 2, 2)
+    urls = [la.role_spec(s, 0).init_method for s in (home, grown, home, grown)]
+    assert len(set(urls)) == 4 and asked == [3, 2, 3, 2]
+    assert la.role_spec(grown, 1).init_method == urls[-1], "both ranks of a group meet at one address"
 
 
 def test_recovery_at_the_start_version_rebuilds_the_start_state(tmp_path):
