@@ -236,24 +236,26 @@ class DeviceWorker:
                 self._outbox = [c for c in self._outbox if not (want is None or c.seq_id in want)]
             return AbortResult(aborted=aborted, finished=done)
 
-    def load_weights(self, weights: Any, version: int) -> dict[str, Any] | None:
+    def load_weights(self, weights: Any, version: int, role: Role = Role.ROLLOUT) -> dict[str, Any] | None:
         """Replace the active engine's weights in place with `weights` (a `weight_sync.GPSWeights`
-        this actor reads from its own GPS node, or a state dict), tagged `version`. Returns the
-        load as a measured event, `{"seconds", "version", "bytes", "path", "gps_version"}`
-        (`version`: the one loaded, newer than asked if GPS moved on meanwhile; seconds timed
-        inside the step lock: the time decoding stood still for it, without the wait for the
-        iteration in progress), or None when no engine is active (a publish that raced a shift
-        down: the next shift up reads GPS anyway). A failed load raises the engine's
+        this actor reads from its own GPS node, or a state dict), tagged `version`, if that engine
+        serves `role`. Returns the load as a measured event, `{"seconds", "version", "bytes",
+        "path", "gps_version"}` (`version`: the one loaded, newer than asked if GPS moved on
+        meanwhile; seconds timed inside the step lock: the time decoding stood still for it,
+        without the wait for the iteration in progress), or None when no engine of `role` is
+        active: a publish that raced a shift (down, or down and up to the other role: the judge's
+        engine must never take the policy's weights; the next shift up reads GPS anyway). A failed load raises the engine's
         `EngineFailedError` with the engine shut down: the executor then replaces this actor, so
         no half-loaded engine serves."""
         from pivotrl.engines.weight_sync import opened
 
         with self._step_lock:
-            if not isinstance(self.active, InferenceHost) or not self.active.active:
+            host = self.active
+            if not isinstance(host, InferenceHost) or not host.active or host.role != Role(role):
                 return None
             t0 = time.perf_counter()
             with opened(weights, version) as (w, v, facts):
-                self.active.engine.load_weights(w, v)
+                host.engine.load_weights(w, v)
             return {"seconds": time.perf_counter() - t0, "version": v, **facts}
 
     def poll(self, timeout: float = 0.5) -> DevicePoll:

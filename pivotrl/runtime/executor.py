@@ -425,7 +425,7 @@ class Executor:
         for d, (actor, _) in h.items():
             point("publish", d, actor)
         t0, limit = time.monotonic(), self.limits.of("load", "policy")
-        refs = {d: (actor.load_weights.remote(weights, version), gen) for d, (actor, gen) in h.items()}
+        refs = {d: (actor.load_weights.remote(weights, version, Role.ROLLOUT), gen) for d, (actor, gen) in h.items()}
         per: list[dict[str, Any]] = []
         for d, (r, gen) in refs.items():
             try:

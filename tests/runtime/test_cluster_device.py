@@ -114,7 +114,8 @@ def test_role_context_declarations_cover_four_categories():
 def test_abort_with_tokens_resume_elsewhere_and_shift(cluster, model_path):
     """A sequence aborted mid-generation on device 0 resumes on device 1 from its tokens; under
     greedy decoding the result equals an uninterrupted run. Then device 0 shifts rollout -> reward
-    -> rollout, reusing its preserved engine the second time."""
+    -> rollout, reusing its preserved engine the second time; a policy load that reaches it while it
+    serves reward is refused."""
     import torch
 
     from pivotrl.engines.hf_model import load_hf_model
@@ -152,6 +153,10 @@ def test_abort_with_tokens_resume_elsewhere_and_shift(cluster, model_path):
         assert info["role"] is None and info["dormant"] == ["rollout"]
         rspec = RoleSpec(Role.REWARD, "genrm", model_path, engine=EngineSpec.for_role(_engine_cfg(), "reward"))
         assert ray.get(d0.shift_up.remote(rspec, None, 0)).cold
+        # a policy publish that raced this shift (sent while device 0 served rollout) lands on the
+        # judge's engine: refused, the judge keeps its own weights (found by the chaos soak)
+        assert ray.get(d0.load_weights.remote(sd, 9, Role.ROLLOUT)) is None
+        assert ray.get(d0.poll.remote(0.0)).stats.version == 0
         with pytest.raises(ray.exceptions.RayTaskError, match="shift it down first"):
             ray.get(d0.shift_up.remote(spec, sd, 4))
         ray.get(d0.shift_down.remote())

@@ -173,7 +173,8 @@ def test_a_failed_weight_load_replaces_the_device_and_the_others_report_their_lo
             def __init__(self, actor):
                 self.actor = actor
 
-            def remote(self, weights, version):
+            def remote(self, weights, version, role):
+                assert role == Role.ROLLOUT, "a load names the role it is for: the device refuses another's"
                 calls.append((self.actor.device, weights, version))
                 if self.actor.device == 1:
                     def fail():

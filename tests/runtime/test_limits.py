@@ -77,7 +77,7 @@ class Hanging:
         self._maybe_hang("shift_down")
         return ShiftTiming("none", "down", 0.0)
 
-    def load_weights(self, weights, version):
+    def load_weights(self, weights, version, role=None):
         self._maybe_hang("load_weights")
         return {"seconds": 0.0, "version": version}
 
