@@ -1,4 +1,5 @@
-"""Shared output for benchmarks: a printed table and an optional JSON file with machine info."""
+"""Shared parts of the benchmarks: a printed table, an optional JSON file with machine info, and
+spawned rank processes that report through a JSON file."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +8,7 @@ import json
 import os
 import platform
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -46,3 +47,25 @@ def write_json(path: Path | None, name: str, rows: list[dict[str, Any]], **extra
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"benchmark": name, "machine": machine(), "rows": rows, **extra}, indent=2))
     print(f"wrote {path}")
+
+
+def run_ranks(target: Callable[..., None], world: int, args: Callable[[int], tuple], out: Path, what: str,
+              timeout_s: float = 1800.0) -> Any:
+    """Run `target(*args(rank))` in `world` spawned processes (one per rank, torch's `spawn`
+    context) and return the JSON they leave in `out`; a RuntimeError naming `what` and the exit
+    codes if any rank failed or `out` was not written."""
+    import torch.multiprocessing as mp
+
+    out.unlink(missing_ok=True)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=target, args=args(r)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=timeout_s)
+    if any(p.exitcode != 0 for p in procs) or not out.is_file():
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        raise RuntimeError(f"{what} failed (exit codes {[p.exitcode for p in procs]})")
+    return json.loads(out.read_text())

@@ -21,15 +21,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pivotrl.bench.common import parser, print_table, write_json
+from pivotrl.bench.common import parser, print_table, run_ranks, write_json
 
 STATE = "policy.train_state"
 
 
 def _cfg(world: int) -> Any:
-    from pivotrl.config.trainer import TrainerConfig
+    from pivotrl.config.trainer import TrainerSpec
 
-    return TrainerConfig(world_size=world, micro_batch_size=16, lr=1e-4, num_threads=1, device="cpu", staleness=1000)
+    return TrainerSpec(world_size=world, micro_batch_size=16, lr=1e-4, num_threads=1, device="cpu", staleness=1000)
 
 
 def _dcp_state(w: Any) -> dict[str, Any]:
@@ -92,23 +92,10 @@ def _rank(rank: int, world: int, phase: str, init: str, address: str, blob: byte
 
 
 def _spawn(world: int, phase: str, args: tuple, work: Path) -> dict[str, list[float]]:
-    import torch.multiprocessing as mp
-
     out = work / f"{phase}_{world}.json"
-    out.unlink(missing_ok=True)
-    ctx = mp.get_context("spawn")
     init = f"file://{work}/pg_{phase}_{world}_{time.time_ns()}"
-    procs = [ctx.Process(target=_rank, args=(r, world, phase, init, *args, str(out))) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=1800)
-    if any(p.exitcode != 0 for p in procs) or not out.is_file():
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        raise RuntimeError(f"the {world}-rank {phase} failed (exit codes {[p.exitcode for p in procs]})")
-    return json.loads(out.read_text())
+    return run_ranks(_rank, world, lambda r: (r, world, phase, init, *args, str(out)), out,
+                     f"the {world}-rank {phase}")
 
 
 def rows_for(size: str, moves: list[tuple[int, int]], repeats: int, work: Path, folder: Path) -> list[dict[str, Any]]:

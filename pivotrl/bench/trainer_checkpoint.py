@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pivotrl.bench.common import parser, print_table, write_json
+from pivotrl.bench.common import parser, print_table, run_ranks, write_json
 from pivotrl.bench.trainer import random_batch
 
 #: model sizes (TinyModelConfig overrides): the tests' tiny policy and a 21M-parameter one
@@ -109,8 +109,6 @@ def _cfg(world_size: int):
 
 def rows_for(size: str, repeats: int, work: Path, modes: tuple[str, ...] = MODES, world_size: int = 1) -> list[dict]:
     """One row per mode for model `size` on `world_size` ranks (1: hosted here; more: spawned)."""
-    import json
-
     import torch
 
     from pivotrl.config.rl import TinyModelConfig
@@ -122,23 +120,10 @@ def rows_for(size: str, repeats: int, work: Path, modes: tuple[str, ...] = MODES
     if world_size == 1:
         with Trainer(_cfg(1), model) as tr:
             return _rounds(tr.worker, size, repeats, work, modes, 1)
-    import torch.multiprocessing as mp
-
     out = work / f"rows_{size}_{world_size}.json"
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(r, world_size, f"file://{work}/pg_{size}", str(model), size,
-                                                  repeats, str(work), modes, str(out)))
-             for r in range(world_size)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=1800)
-    if any(p.exitcode != 0 for p in procs) or not out.is_file():
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        raise RuntimeError(f"the {world_size}-rank run of {size} failed (exit codes {[p.exitcode for p in procs]})")
-    return json.loads(out.read_text())
+    return run_ranks(_rank_main, world_size, lambda r: (r, world_size, f"file://{work}/pg_{size}", str(model), size,
+                                                        repeats, str(work), modes, str(out)),
+                     out, f"the {world_size}-rank run of {size}")
 
 
 def main(argv: list[str]) -> int:
