@@ -1,7 +1,7 @@
 """The chaos soak's short form (`python -m pivotrl.bench chaos`, issue 22 item 8): a 3-step pivot
 run on tiny random models with a device killed every 2 s, cycling through every fault phase,
 resumed after any stop, ends with every step trained once: no sample lost, none trained twice.
-(The long form, the default run beside an unkilled one: docs/benchmarks/rel.md.)"""
+(The long form, the default run beside an unkilled one: BENCHMARKS.md, "Reliability".)"""
 from __future__ import annotations
 
 from tests.e2e.conftest import local_overrides, ray_session, tiny_assets  # noqa: F401  (fixtures)

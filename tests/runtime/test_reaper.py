@@ -112,7 +112,7 @@ time.sleep(600)
 @pytest.mark.slow
 def test_ray_agents_end_with_a_sigkilled_driver(tmp_path):
     """Issue 22: `DashboardAgent` and `RuntimeEnvAgent` outlived a SIGKILLed driver by 60-120 s
-    (about 210 MB; docs/benchmarks/rel.md); with the reaper every process of the private head ends."""
+    (about 210 MB; docs/benchmarks-history.md, issue 22); with the reaper every process of the private head ends."""
     from pivotrl.runtime.cluster import REAPER_RECORD
 
     pytest.importorskip("ray")
