@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from pivotrl.config import PivotConfig
     from pivotrl.config.resolve import Resolved
     from pivotrl.gps.layout import ModelSpec
+    from pivotrl.models.resolve import ResolvedCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,7 @@ def preflight(cfg: PivotConfig) -> None:
         check_engines_fit(cfg, ck["policy"], ck["genrm"])
 
 
-def resolve_checkpoints(cfg: Any) -> dict[str, Any]:
+def resolve_checkpoints(cfg: PivotConfig) -> dict[str, ResolvedCheckpoint]:
     """The user's two checkpoints, resolved (`models.resolve.resolve_checkpoint`): the policy with
     GPS's partition rules (GPS holds it and the trainer writes it), the frozen GenRM without (its
     engine loads it from a host copy, so any architecture its engine serves is a judge)."""
@@ -249,7 +250,7 @@ def kv_bytes_per_token(hf_config: dict, dtype_bytes: int = 2) -> int:
     return 2 * layers * kv * head_dim * dtype_bytes
 
 
-def check_engines_fit(cfg: PivotConfig, policy: Any, genrm: Any) -> None:
+def check_engines_fit(cfg: PivotConfig, policy: ResolvedCheckpoint, genrm: ResolvedCheckpoint) -> None:
     """On GPUs: each role's engine must hold its share of the weights and the KV of its longest
     request within `engine.<role>.vllm_gpu_memory_utilization` of a device (the trainer is fully
     offloaded while the engines run, so the fraction is theirs), else stop at start naming the key,
@@ -281,7 +282,7 @@ def check_engines_fit(cfg: PivotConfig, policy: Any, genrm: Any) -> None:
                               f"models.{model}.tp", util, cfg.engine.key_of(role, "vllm_gpu_memory_utilization"))
 
 
-def check_fit(cfg: Any, policy: Any, genrm: Any) -> None:
+def check_fit(cfg: PivotConfig, policy: ResolvedCheckpoint, genrm: ResolvedCheckpoint) -> None:
     """Stop at start when the checkpoints (`ResolvedCheckpoint`s) cannot run as configured: a `tp`
     that does not split the policy's tensors or the judge's heads (names the field and the degrees
     that work), or host memory too small for GPS's policy versions beside the judge's host copy

@@ -236,7 +236,7 @@ class DeviceWorker:
                 self._outbox = [c for c in self._outbox if not (want is None or c.seq_id in want)]
             return AbortResult(aborted=aborted, finished=done)
 
-    def load_weights(self, weights: Any, version: int, role: Role = Role.ROLLOUT) -> dict[str, Any] | None:
+    def load_weights(self, weights: Weights, version: int, role: Role = Role.ROLLOUT) -> dict[str, Any] | None:
         """Replace the active engine's weights in place with `weights` (a `weight_sync.GPSWeights`
         this actor reads from its own GPS node, or a state dict), tagged `version`, if that engine
         serves `role`. Returns the load as a measured event, `{"seconds", "version", "bytes",

@@ -25,9 +25,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from pivotrl.core.types import Slot
+
+if TYPE_CHECKING:
+    from pivotrl.runtime.params import ParamSource
+    from pivotrl.trainer.state_store import StateHandle
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +62,7 @@ class TrainerGroups:
 
     def __init__(self, home: Slot | None = None) -> None:
         self.home = home
-        self.state: Any = None
+        self.state: StateHandle | None = None
         """`state_store.StateHandle` of the trainer's state in GPS, or None (no elastic training)."""
         self.ready = False
         """Whether GPS holds the trainer's current state (a step wrote it)."""
@@ -67,7 +71,7 @@ class TrainerGroups:
         self._slot: Slot | None = None
         self._url: str | None = None
 
-    def register(self, params: Any, policy_path: Path) -> None:
+    def register(self, params: ParamSource, policy_path: Path) -> None:
         """Add the trainer's state to GPS (`params.store`), or turn elastic training off saying why."""
         from pivotrl.gps.errors import BudgetError
         from pivotrl.trainer.state_store import StateHandle, register_state

@@ -28,11 +28,14 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pivotrl.core.types import INFERENCE_ROLES, Role
+
+if TYPE_CHECKING:
+    from pivotrl.engines.protocol import TokenDeltas
 
 
 @dataclass(frozen=True)
@@ -221,7 +224,7 @@ class SequenceLedger:
         return any(self.placed[r] for r in INFERENCE_ROLES)
 
     # ------------------------------------------------------------------ polls
-    def fold(self, role: Role, device: int, deltas: Any) -> int:
+    def fold(self, role: Role, device: int, deltas: TokenDeltas) -> int:
         """Append a poll's `protocol.TokenDeltas` from `device` to the sequences placed there;
         returns the new tokens counted. Each delta says where it starts: what the ledger holds
         already (an abort's result came first) is skipped, a delta past a gap is dropped (the

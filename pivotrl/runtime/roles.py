@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from pivotrl.config.trainer import TrainerSpec
     from pivotrl.engines.protocol import InferenceEngine
     from pivotrl.engines.weight_sync import GPSWeights
+    from pivotrl.trainer.state_store import StateHandle
     from pivotrl.trainer.trainer_worker import TrainerWorker
 
 #: What a shift up loads: a GPS handle (the device reads its node's copy), a state dict, or None
@@ -158,7 +159,7 @@ class RoleSpec:
     placement: EnginePlacement | None = None
     """Inference, the first device of a replica of several devices: the devices, cores and
     accelerators its engine spans (None: this device alone)."""
-    state: Any = None
+    state: StateHandle | None = None
     """Training with elastic training: the trainer's state in GPS (`state_store.StateHandle`). A
     trainer group new to this device is built from it when it holds a version (else from the
     model folder or `resume_from`, and its first state is written there)."""
@@ -341,7 +342,7 @@ class TrainHost(RoleHost):
         if spec.role != Role.TRAIN:
             raise ValueError(f"TrainHost hosts train, not {spec.role.value}")
         super().__init__(spec)
-        self.worker: Any = None
+        self.worker: TrainerWorker | None = None
         self.group: str | None = None
         """The rendezvous of the process group this rank's trainer belongs to."""
 
@@ -385,7 +386,7 @@ class TrainHost(RoleHost):
             return {"state_write_s": wrote["seconds"]}
         return {}
 
-    def shift_up(self, weights: Any, version: int) -> ShiftTiming:
+    def shift_up(self, weights: Weights, version: int) -> ShiftTiming:
         del weights  # training is the GPS writer: it reloads its own state, reads nothing
         t0 = time.perf_counter()
         cold = self.worker is None or self.group != self.spec.init_method
