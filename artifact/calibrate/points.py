@@ -4,7 +4,7 @@ paper's Fig. 9 figure, with the stage seconds of a mean measured step (a diagnos
 `python -m artifact.calibrate.points [--groups G ...] [--modes M ...] [--json out.json] [--override O ...]`
 
 `--override` takes Hydra overrides for every run (e.g. `cluster.hardware.mfu=0.41` or
-`models.sim.phase_switch=shift`: what BENCHMARKS.md's "Refit with verl's baseline costs" tables
+`models.sim.phase_switch=shift`: what docs/benchmarks-history.md's "Refit with verl's baseline costs" tables
 used). "paper step" is the run's tokens per step over the paper's tokens/s: the step time the
 paper's figure implies for the simulated workload. Pivot's row is a prediction, as everywhere.
 """
