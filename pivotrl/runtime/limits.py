@@ -1,9 +1,10 @@
 """Time limits of the calls into device actors (`cluster.limits`): no call of a real run waits forever.
 
 Owns `Limits`: the limit of each kind of call, in seconds, from `LimitsConfig` and the size of each
-model in GPS (a call that moves weights gets `<kind>_floor_s + <kind>_s_per_gb x GB`), and the
-bounded wait on a Ray reference that raises `TimeLimitExceeded` (naming the phase, the devices, the
-elapsed time and the key to raise) when the limit passes. Kinds:
+model as the run holds it (GPS, or a frozen judge's host copy; a call that moves weights gets
+`<kind>_floor_s + <kind>_s_per_gb x GB`), and the bounded wait on a Ray reference that raises
+`TimeLimitExceeded` (naming the phase, the devices, the elapsed time and the key to raise) when the
+limit passes. Kinds:
 
 | kind    | calls                                                       | limit                                  |
 |---------|-------------------------------------------------------------|----------------------------------------|
