@@ -127,6 +127,11 @@ class VLLMEngine:
         """Devices the engine runs across (vLLM's own parallel config once started)."""
         return self._client.tensor_parallel_size
 
+    @property
+    def executor_backend(self) -> str:
+        """Where the started engine's ranks run: "uni" (inside its engine-core process) or "mp"."""
+        return self._client.executor_backend
+
     def engine_args(self) -> Any:
         """vLLM's `AsyncEngineArgs` for this engine (what the default client factory starts)."""
         return async_engine_args(self.model_path, self.cfg, self.max_model_len, self._requested_tp, self.sleep_mode,

@@ -50,6 +50,16 @@ def hook():
     faults.set_hook(None)
 
 
+def _each(*hooks):
+    """One fault hook that runs each of `hooks` in turn (several kills in one run: a run's start-up
+    is most of a kill test's time)."""
+    def hook(phase, device, actor):
+        for h in hooks:
+            h(phase, device, actor)
+
+    return hook
+
+
 def _timeline(run_dir):
     return [json.loads(line) for line in (run_dir / "timeline.jsonl").read_text().splitlines()]
 
@@ -65,16 +75,22 @@ def _finished(summary, deaths=1):
     assert summary["device_deaths"] == deaths == summary["respawns"], "each death counted once"
 
 
-def test_kill_at_submit_rehosts_before_any_dispatch(ray_session, tiny_assets, tmp_path, hook):
+def test_kills_at_submit_and_at_publish_rehost_the_device_and_lose_nothing(ray_session, tiny_assets, tmp_path, hook):
+    """disaggregated (rollout on devices 0 and 1): device 0 dies as a submit reaches it, before any
+    dispatch; device 1 as a weight publish reaches it. Each is found once, respawned and re-hosted,
+    and the run finishes with nothing lost or trained twice."""
     from pivotrl.run import run
 
-    h = hook(faults.kill_at("submit", device=0))
+    at_submit, at_publish = faults.kill_at("submit", device=0), faults.kill_at("publish", device=1)
+    hook(_each(at_submit, at_publish))
     summary = run(make_local_cfg(tiny_assets, "disaggregated"), tmp_path)
-    assert h.fired == [("submit", 0)]
-    _finished(summary)
-    (d,) = _deaths(tmp_path)
-    # found by the submit or by a poll already in flight to that rollout device: once either way
-    assert d["device"] == 0 and d["role"] == "rollout" and d["why"].split(":")[0] in ("submit", "poll")
+    assert at_submit.fired == [("submit", 0)] and at_publish.fired == [("publish", 1)]
+    _finished(summary, deaths=2)
+    deaths = {d["device"]: d for d in _deaths(tmp_path)}
+    assert sorted(deaths) == [0, 1] and {d["role"] for d in deaths.values()} == {"rollout"}
+    # each found by the call it was killed before, or by a poll already in flight to it: once either way
+    assert deaths[0]["why"].split(":")[0] in ("submit", "poll")
+    assert deaths[1]["why"].split(":")[0] in ("publish", "poll")
 
 
 def test_kill_after_a_poll_keeps_the_reported_tokens(ray_session, tiny_assets, tmp_path, hook):
@@ -91,45 +107,28 @@ def test_kill_after_a_poll_keeps_the_reported_tokens(ray_session, tiny_assets, t
     assert summary["batches_without_behaviour_logprobs"] == 0, "the kept tokens kept their log-probs"
 
 
-def test_kill_at_shift_down(ray_session, tiny_assets, tmp_path, hook):
-    """colocated turns its rollout pool to reward: device 1 dies as it is shifted down."""
+def test_kills_at_shift_down_and_at_shift_up_in_one_shift(ray_session, tiny_assets, tmp_path, hook):
+    """colocated turns its rollout pool to reward: device 1 dies as it is shifted down, device 2 as
+    it is shifted up (its second shift up, to reward). The shift finds both, respawns them and
+    brings them up as reward; the run finishes with nothing lost."""
     from pivotrl.run import run
 
-    h = hook(faults.kill_at("shift_down", device=1))
+    at_down, at_up = faults.kill_at("shift_down", device=1), faults.kill_at("shift_up", device=2, after=1)
+    hook(_each(at_down, at_up))
     summary = run(make_local_cfg(tiny_assets, "colocated"), tmp_path)
-    assert h.fired == [("shift_down", 1)]
-    _finished(summary)
-    (d,) = _deaths(tmp_path)  # found by the shift down or by a poll already in flight: once either way
-    assert d["device"] == 1 and d["why"].split(":")[0] in ("shift_down", "poll")
-    down = [r for r in _timeline(tmp_path) if r["kind"] == "shift_timing" and r["role_up"] == "reward"][0]
-    # the shift saw the dead actor unless the poll's respawn came before its call
-    assert down["dead"] == [1] if d["why"].startswith("shift_down") else down["dead"] in ([], [1])
-    assert any(t["device"] == 1 and t["role"] == "reward" and t["direction"] == "up" for t in down["devices"]), \
-        "the reward shift brought the fresh actor up"
-
-
-def test_kill_at_shift_up(ray_session, tiny_assets, tmp_path, hook):
-    """colocated's second shift up of device 1 (reward) finds it dead: respawned and shifted up."""
-    from pivotrl.run import run
-
-    h = hook(faults.kill_at("shift_up", device=1, after=1))
-    summary = run(make_local_cfg(tiny_assets, "colocated"), tmp_path)
-    assert h.fired == [("shift_up", 1)]
-    _finished(summary)
-    (d,) = _deaths(tmp_path)  # found by the shift up or by a poll already in flight: once either way
-    assert d["device"] == 1 and d["why"].split(":")[0] in ("shift_up", "poll")
-
-
-def test_kill_at_publish(ray_session, tiny_assets, tmp_path, hook):
-    from pivotrl.run import run
-
-    h = hook(faults.kill_at("publish", device=0))
-    summary = run(make_local_cfg(tiny_assets, "disaggregated"), tmp_path)
-    assert h.fired == [("publish", 0)]
-    _finished(summary)
-    (d,) = _deaths(tmp_path)
-    # found by the publish or by a poll already in flight to that rollout device: once either way
-    assert d["device"] == 0 and d["role"] == "rollout" and d["why"].split(":")[0] in ("publish", "poll")
+    assert at_down.fired == [("shift_down", 1)] and at_up.fired == [("shift_up", 2)]
+    _finished(summary, deaths=2)
+    deaths = {d["device"]: d for d in _deaths(tmp_path)}
+    assert sorted(deaths) == [1, 2]
+    # each found by the shift's own call or by a poll already in flight: once either way
+    assert deaths[1]["why"].split(":")[0] in ("shift_down", "poll")
+    assert deaths[2]["why"].split(":")[0] in ("shift_up", "poll")
+    shift = [r for r in _timeline(tmp_path) if r["kind"] == "shift_timing" and r["role_up"] == "reward"][0]
+    # the shift saw device 1 dead unless the poll's respawn came before its call
+    dead = set(shift["dead"]) - {2}
+    assert dead == {1} if deaths[1]["why"].startswith("shift_down") else dead in (set(), {1})
+    assert {t["device"] for t in shift["devices"] if t["role"] == "reward" and t["direction"] == "up"} >= {1, 2}, \
+        "the reward shift brought both fresh actors up"
 
 
 def test_a_weight_load_past_its_time_limit_replaces_the_device(ray_session, tiny_assets, tmp_path, hook):
@@ -160,35 +159,17 @@ def test_kill_a_training_rank_says_how_to_resume(ray_session, tiny_assets, tmp_p
     assert (tmp_path / "checkpoints" / "step_00000001" / "trainer_state.json").is_file()
 
 
-def test_lent_home_device_killed_recovers_the_trainer_at_its_version(ray_session, tiny_assets, tmp_path, hook):
-    """pivot lends its training home (device 3, holding the trainer's offloaded state) to inference
-    after step 1; it dies there. The next training shift up rebuilds the trainer from the step-1
-    checkpoint: the run ends at version 2, never back at 0. Two sequences per engine: a queue
-    forms, so the freed home device always has work (with all 8 sequences already running, the
-    fitted throughput model can see no gain in a fourth replica, and the home is not lent)."""
-    from pivotrl.run import run
-
-    ck1 = tmp_path / "checkpoints" / "step_00000001" / "trainer_state.json"
-    h = hook(faults.kill_at("lent_home", device=3, when=ck1.is_file))
-    summary = run(make_local_cfg(tiny_assets, "pivot", ["deploy.staleness=0", "train.steps=3",
-                                                        "engine.max_num_seqs=2"]), tmp_path)
-    assert h.fired == [("lent_home", 3)]
-    assert summary["policy_version"] == 3
-    assert summary["samples_trained"] == summary["samples_trained_unique"] == 3 * 2 * 4
-    (d,) = _deaths(tmp_path)
-    assert d["device"] == 3 and d["held_train_state"]
-    rec = [r for r in _timeline(tmp_path) if r["kind"] == "training_recovered"]
-    assert len(rec) == 1 and rec[0]["version"] >= 1
-    assert summary["training_recoveries"][0]["version"] == rec[0]["version"]
-
-
 def test_a_lent_home_killed_again_as_it_returns_to_training_is_rebuilt_once(ray_session, tiny_assets, tmp_path,
                                                                                 hook):
-    """Found by the chaos soak (issue 22): the lent training home dies (its trainer state with it),
-    is respawned and re-hosted, then dies again as it is shifted down to return to training. The
-    shift rebuilds the trainer once, before its shift up; the death in the shift down (the device
-    came up fresh) no longer triggers a second rebuild, which called `shift_up(train)` on ranks
-    already training and stopped the run."""
+    """pivot lends its training home (device 3, holding the trainer's offloaded state) to inference
+    after step 1; it dies there (its trainer state with it), is respawned and re-hosted, then dies
+    again as it is shifted down to return to training. The shift rebuilds the trainer once, from the
+    step-1 checkpoint, before its shift up: the run ends at version 3, never back at 0. The second
+    death (found by the chaos soak, issue 22): the device came up fresh, so it no longer triggers a
+    second rebuild, which called `shift_up(train)` on ranks already training and stopped the run.
+    Two sequences per engine: a queue forms, so the freed home device always has work (with all 8
+    sequences already running, the fitted throughput model can see no gain in a fourth replica,
+    and the home is not lent)."""
     from pivotrl.run import run
 
     ck1 = tmp_path / "checkpoints" / "step_00000001" / "trainer_state.json"
@@ -198,11 +179,15 @@ def test_a_lent_home_killed_again_as_it_returns_to_training_is_rebuilt_once(ray_
     assert h.fired == [("lent_home", 3), ("shift_down", 3)]
     deaths = [r for r in _timeline(tmp_path) if r["kind"] == "device_death" and r["device"] == 3]
     assert len(deaths) == 2, "killed as lent, then again as it was shifted down to return to training"
+    assert deaths[0]["held_train_state"], "the first death took the trainer's offloaded state"
     # the shift that took the second death (in its own calls, or through a submit settled before it)
     # brought device 3 back to training: the trainer was rebuilt once, before that shift up
     assert summary["policy_version"] == 3
     assert summary["samples_trained"] == summary["samples_trained_unique"] == 3 * 2 * 4
     assert len(summary["training_recoveries"]) == 1
+    rec = [r for r in _timeline(tmp_path) if r["kind"] == "training_recovered"]
+    assert len(rec) == 1 and rec[0]["version"] >= 1, "rebuilt at its checkpoint's version, not 0"
+    assert summary["training_recoveries"][0]["version"] == rec[0]["version"]
 
 
 def test_a_crash_looping_device_leaves_the_pool(ray_session, tiny_assets, tmp_path, hook):

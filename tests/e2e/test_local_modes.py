@@ -2,6 +2,14 @@
 reaches the uninterrupted run's version, and the executor re-shifts a device killed before its
 shift up. (Device kills at each phase of a run: `test_device_faults.py`.)
 
+Two modes' runs judge with another family than the dense Qwen2 (a run's start-up is most of its
+time, so each judge family rides on a mode's run instead of a run of its own): colocated with a
+Qwen3-MoE judge on the CPU engine (issue 22 item 3: it died at its first load, GPS holding one
+tensor per expert where the CPU engine's transformers module fused them), pivot with a Qwen3.5-MoE
+judge, the architecture GPS has no partition rules for (the paper's 122B-A10B GenRM's family). A
+frozen judge never enters GPS: the run keeps a host-memory copy of its folder on the node and the
+reward engine loads it from there (vLLM's CPU build cannot import Qwen3.5 here).
+
 Each run starts 4 device actors that import torch and transformers (20-60 s per run on 2 cores),
 so all but the default mode (`pivot`, the embedded default of `python train.py`) are `slow`.
 One Ray session for the module; every run attaches to it.
@@ -18,16 +26,32 @@ MODES = [pytest.param("colocated", marks=pytest.mark.slow), pytest.param("disagg
          pytest.param("rr_colocated", marks=pytest.mark.slow), "pivot"]
 
 
+#: the judge family of a mode's run (module docstring); the others judge with the dense tiny Qwen2
+JUDGES = {"colocated": ("qwen3_moe", "bfloat16"), "pivot": ("qwen3_5_moe", "float32")}
+
+
+def _judge(assets, mode, root):
+    """The tiny checkpoints of `mode`'s run: `assets`, its judge replaced by a random one of the
+    mode's family in `JUDGES`."""
+    if mode not in JUDGES:
+        return assets
+    from pivotrl.models.tiny_families import make_tiny_checkpoint
+
+    family, dtype = JUDGES[mode]
+    return {**assets, "genrm": make_tiny_checkpoint(family, root / f"{family}_genrm", dtype=dtype, seed=1)}
+
+
 def _timeline(run_dir):
     return [json.loads(line) for line in (run_dir / "timeline.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_mode_trains_two_steps(ray_session, tiny_assets, tmp_path, mode):
+def test_mode_trains_two_steps(ray_session, tiny_assets, tmp_path_factory, mode):
     from pivotrl.run import run
 
-    cfg = make_local_cfg(tiny_assets, mode)
-    summary = run(cfg, tmp_path)
+    assets = _judge(tiny_assets, mode, tmp_path_factory.mktemp("judge"))
+    tmp_path = tmp_path_factory.mktemp("run")
+    summary = run(make_local_cfg(assets, mode), tmp_path)
     P, G = 2, 4
     assert summary["deploy"] == mode and summary["cluster"] == "local"
     assert summary["policy_version"] == 2 and summary["steps"] == 2
@@ -42,6 +66,9 @@ def test_mode_trains_two_steps(ray_session, tiny_assets, tmp_path, mode):
     parse = summary["genrm_parse"]
     assert parse["total"] == 2 * P * G and parse["failures"] == sum(r["genrm_parse_failures"] for r in rows)
     assert parse["steps_over"] == [r["step"] for r in rows if r["genrm_parse_failure_rate"] > 0.5]
+    assert all(r["genrm_tokens"] > r["policy_tokens"] > 0 for r in rows), "every sample was judged"
+    hf = json.loads((assets["genrm"] / "config.json").read_text())
+    assert hf["model_type"] == {"colocated": "qwen3_moe", "pivot": "qwen3_5_moe_text"}.get(mode, "qwen2")
     # behaviour log-probs reached every batch: the first step is on-policy, so its ratio is 1
     assert summary["batches_without_behaviour_logprobs"] == 0
     assert rows[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-3)
@@ -60,6 +87,9 @@ def test_mode_trains_two_steps(ray_session, tiny_assets, tmp_path, mode):
     timings = [r for r in _timeline(tmp_path) if r["kind"] == "shift_timing"]
     assert timings and all(t["up_s"] >= 0 and t["down_s"] >= 0 for t in timings)
     assert any(d["direction"] == "up" and d["role"] == "rollout" for t in timings for d in t["devices"])
+    reward_ups = [d for t in timings for d in t["devices"] if d["role"] == "reward" and d["direction"] == "up"]
+    assert reward_ups and not any("gps_bytes" in (d.get("detail") or {}) for d in reward_ups), \
+        "the frozen judge read nothing from GPS (its engine loads the host copy)"
     # per-sample lengths of every trained batch (the simulator's replay reads them), consistent
     # with the step's token totals; and every weight publish is timed per rollout device
     from pivotrl.report.records import RunRecords
@@ -120,17 +150,3 @@ def test_device_killed_before_shift_up_is_respawned_and_shifted(ray_session, tin
         ups = [t for t in res.timings if t["direction"] == "up"]
         assert ups and all(t["gps_file"] == 1.0 and t["gps_bytes"] > 0 for t in ups), \
             "each device read its node's GPS file itself"
-
-
-@pytest.mark.slow
-def test_a_qwen3_moe_judge_on_the_cpu_engine(ray_session, tiny_assets, tmp_path):
-    """Issue 22 item 3: `cluster=local` with a Qwen3-MoE judge died after 44 s with `load_weights:
-    24 unknown parameter names ...experts.0.gate_proj.weight` (GPS holds one tensor per expert,
-    the CPU engine's transformers module fused ones); now the judge loads and judges every sample."""
-    from pivotrl.models.tiny_families import make_tiny_checkpoint
-    from pivotrl.run import run
-
-    moe = make_tiny_checkpoint("qwen3_moe", tmp_path / "moe_genrm", dtype="bfloat16")
-    summary = run(make_local_cfg({**tiny_assets, "genrm": moe}, "pivot", ["engine=cpu"]), tmp_path / "run")
-    assert summary["policy_version"] == 2
-    assert summary["genrm_parse"]["total"] == 2 * 2 * 4, "every sample was judged by the MoE GenRM"

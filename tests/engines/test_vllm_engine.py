@@ -44,6 +44,8 @@ def test_greedy_equals_cpu_engine_and_transformers(veng, cpu_ref, tiny_dir, prom
     assert [c.token_ids for c in out] == cpu_ref
     assert all(c.finish_reason in (FINISH_LENGTH, FINISH_STOP) and c.version == 0 for c in out)
     assert out[0].token_ids == hf_greedy(tiny_dir, prompts[0], 24)
+    # one rank on the CPU build: its worker runs inside the engine-core process (vllm_client.one_process_cpu_engine)
+    assert veng.executor_backend == "uni"
     st = veng.stats()
     assert st.kv_capacity_tokens > 0 and st.running == 0 and st.kv_tokens == 0
     assert st.iterations and all(1 <= s.num_seqs <= len(prompts) and s.seconds > 0 for s in st.iterations)
