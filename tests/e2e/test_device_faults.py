@@ -93,20 +93,6 @@ def test_kills_at_submit_and_at_publish_rehost_the_device_and_lose_nothing(ray_s
     assert deaths[1]["why"].split(":")[0] in ("publish", "poll")
 
 
-def test_kill_after_a_poll_keeps_the_reported_tokens(ray_session, tiny_assets, tmp_path, hook):
-    from pivotrl.run import run
-
-    h = hook(faults.kill_at("poll", device=0))
-    summary = run(make_local_cfg(tiny_assets, "disaggregated", ["data.max_response_length=64"]), tmp_path)
-    assert h.fired == [("poll", 0)]
-    _finished(summary)
-    (d,) = _deaths(tmp_path)
-    assert d["device"] == 0 and d["role"] == "rollout" and d["sequences"], "the killed device held sequences"
-    assert any(n > 0 for n in d["tokens_kept"].values()), "their reported tokens were kept"
-    assert summary["resumes"] >= 1, "kept tokens were resubmitted (resume by re-prefill)"
-    assert summary["batches_without_behaviour_logprobs"] == 0, "the kept tokens kept their log-probs"
-
-
 def test_kills_at_shift_down_and_at_shift_up_in_one_shift(ray_session, tiny_assets, tmp_path, hook):
     """colocated turns its rollout pool to reward: device 1 dies as it is shifted down, device 2 as
     it is shifted up (its second shift up, to reward). The shift finds both, respawns them and
@@ -190,21 +176,31 @@ def test_a_lent_home_killed_again_as_it_returns_to_training_is_rebuilt_once(ray_
     assert summary["training_recoveries"][0]["version"] == rec[0]["version"]
 
 
-def test_a_crash_looping_device_leaves_the_pool(ray_session, tiny_assets, tmp_path, hook):
-    """Device 0 (rollout) dies when it first reports tokens, then at every re-host (an engine that
-    crashes as it starts). With cluster.max_respawns=2: the re-host death keeps the role, so the
-    device is re-hosted once more; the third death takes it out of the pool, its sequences go to
-    device 1, and the run finishes."""
+def test_a_crash_looping_device_leaves_the_pool_and_a_polled_one_keeps_its_tokens(ray_session, tiny_assets, tmp_path,
+                                                                                     hook):
+    """disaggregated, rollout on devices 0 and 1, one run for two faults. Device 0 dies when it
+    first reports tokens, then at every re-host (an engine that crashes as it starts): with
+    cluster.max_respawns=2 the re-host death keeps the role, so the device is re-hosted once more,
+    and the third death takes it out of the pool. Device 1 dies just after a poll reported its
+    tokens (64-token answers, so it holds sequences part-way): the tokens reported are kept and
+    resubmitted with their log-probs, and the run finishes on device 1 with nothing lost."""
     from pivotrl.run import run
 
-    h = hook(faults.kill_at(("poll", "rehost"), device=0, times=3))
-    summary = run(make_local_cfg(tiny_assets, "disaggregated", ["cluster.max_respawns=2"]), tmp_path)
-    assert h.fired == [("poll", 0), ("rehost", 0), ("rehost", 0)]
-    _finished(summary, deaths=3)
+    looping, polled = faults.kill_at(("poll", "rehost"), device=0, times=3), faults.kill_at("poll", device=1)
+    hook(_each(looping, polled))
+    summary = run(make_local_cfg(tiny_assets, "disaggregated", ["cluster.max_respawns=2", "data.max_response_length=64"]),
+                  tmp_path)
+    assert looping.fired == [("poll", 0), ("rehost", 0), ("rehost", 0)] and polled.fired == [("poll", 1)]
+    _finished(summary, deaths=4)
     assert summary["lost_devices"] == [0]
     lost = [r for r in _timeline(tmp_path) if r["kind"] == "device_lost"]
     assert [r["device"] for r in lost] == [0], "one device_lost record (the controller's)"
-    deaths = _deaths(tmp_path)
+    deaths = [r for r in _deaths(tmp_path) if r["device"] == 0]
     assert [r["crash_loop"] for r in deaths] == [False, False, True]
     assert [r["role"] for r in deaths] == ["rollout"] * 3, "a death at re-host keeps the role it was given"
     assert [r["why"].split(":")[0] for r in deaths] == ["poll", "re-host", "re-host"]
+    (d,) = [r for r in _deaths(tmp_path) if r["device"] == 1]
+    assert d["role"] == "rollout" and not d["crash_loop"] and d["sequences"], "the killed device held sequences"
+    assert any(n > 0 for n in d["tokens_kept"].values()), "their reported tokens were kept"
+    assert summary["resumes"] >= 1, "kept tokens were resubmitted (resume by re-prefill)"
+    assert summary["batches_without_behaviour_logprobs"] == 0, "the kept tokens kept their log-probs"
