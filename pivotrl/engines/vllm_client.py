@@ -10,10 +10,11 @@ sequences, versions or the engine protocol.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from pivotrl.config.engine import EngineConfig
 from pivotrl.engines.vllm_worker import write_weights_file
@@ -46,25 +47,37 @@ def sleep_supported() -> bool:
     return bool(current_platform.is_sleep_mode_available())
 
 
-def one_process_cpu_engine() -> None:
-    """Run a one-rank engine on vLLM's CPU build in one engine-core process, its worker inside it.
+@contextlib.contextmanager
+def one_process_cpu_engine() -> Iterator[None]:
+    """While it is open, a one-rank engine started on vLLM's CPU build runs in one engine-core
+    process, its worker inside it.
 
     `AsyncLLM` always starts its engine core in a process of its own. vLLM's CPU platform then
     turns a one-rank engine's in-process ("uni") executor into the multiprocess one, so each engine
     was three processes (caller, engine core, worker), two of them importing vLLM and torch, unless
-    `VLLM_ENABLE_V1_MULTIPROCESSING=0`. That flag's only other reader here is the synchronous
-    `LLMEngine`, which this project never builds; engines of several ranks ask for "mp" by name
-    (`async_engine_args`) and are unaffected. Measured on a tiny Qwen2 (2 cores): start 16.1 ->
-    11.4 s, 25 -> 19 CPU-s, one process and ~0.7 GB fewer. CUDA builds keep vLLM's own choice
-    (already in-process for one rank). vLLM then warns at each start that its seed "may affect the
-    random state of the Python process that launched vLLM": true of the synchronous engine only
-    (here the seed is applied in the engine-core process), so that one warning is filtered out."""
+    `VLLM_ENABLE_V1_MULTIPROCESSING=0`, which this sets while the engine starts (its process
+    inherits it) and restores after: the flag's other reader is vLLM's synchronous `LLMEngine`,
+    which would otherwise run in-process in a caller that builds one later. Engines of several
+    ranks ask for "mp" by name (`async_engine_args`) and are unaffected. Measured on a tiny Qwen2
+    (2 cores): start 16.1 -> 11.4 s, 25 -> 19 CPU-s, one process and ~0.7 GB fewer. CUDA builds
+    keep vLLM's own choice (already in-process for one rank). vLLM then warns at each start that
+    its seed "may affect the random state of the Python process that launched vLLM": true of the
+    synchronous engine only (here the seed is applied in the engine-core process), so that one
+    warning is filtered out."""
     import logging
 
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     log = logging.getLogger("vllm.engine.arg_utils")
     if _not_the_seed_warning not in log.filters:
         log.addFilter(_not_the_seed_warning)
+    key, before = "VLLM_ENABLE_V1_MULTIPROCESSING", os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ[key] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
 
 
 def _not_the_seed_warning(record) -> bool:
@@ -144,9 +157,9 @@ class VLLMClient:
         os.environ["VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"] = "1"
         if cfg.num_threads:
             os.environ["OMP_NUM_THREADS"] = str(cfg.num_threads)
-        if self.tensor_parallel_size == 1 and _vllm_cpu_build():
-            one_process_cpu_engine()
-        self.run(self._astart(model_path), timeout=cfg.vllm_start_timeout_s)
+        one_process = self.tensor_parallel_size == 1 and _vllm_cpu_build()
+        with one_process_cpu_engine() if one_process else contextlib.nullcontext():
+            self.run(self._astart(model_path), timeout=cfg.vllm_start_timeout_s)
 
     async def _astart(self, model_path: Path) -> None:
         try:

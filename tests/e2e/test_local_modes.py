@@ -17,6 +17,8 @@ One Ray session for the module; every run attaches to it.
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +27,9 @@ from tests.e2e.conftest import make_local_cfg
 MODES = [pytest.param("colocated", marks=pytest.mark.slow), pytest.param("disaggregated", marks=pytest.mark.slow),
          pytest.param("rr_colocated", marks=pytest.mark.slow), "pivot"]
 
+
+#: each mode run's folder and checkpoints, by mode (the resume test continues pivot's)
+RUNS: dict[str, tuple[Path, dict]] = {}
 
 #: the judge family of a mode's run (module docstring); the others judge with the dense tiny Qwen2
 JUDGES = {"colocated": ("qwen3_moe", "bfloat16"), "pivot": ("qwen3_5_moe", "float32")}
@@ -109,24 +114,31 @@ def test_mode_trains_two_steps(ray_session, tiny_assets, tmp_path_factory, mode)
     # checkpoint of the last step (train.checkpoint_every=1)
     assert (tmp_path / "checkpoints" / "step_00000002" / "trainer_state.json").is_file()
     assert ray_session.is_initialized(), "a run attached to a session must not shut it down"
+    RUNS[mode] = (tmp_path, assets)
 
 
 @pytest.mark.slow
 def test_resume_reaches_the_uninterrupted_step_and_version(ray_session, tiny_assets, tmp_path):
-    """A run stopped after its step-1 checkpoint, restarted with train.resume=true in the same folder,
-    trains only step 2 and ends at the step count and policy version of an uninterrupted 2-step run."""
+    """The pivot run above (2 steps, a checkpoint each), restarted in a copy of its folder with
+    train.resume=true train.steps=3: it trains only step 3 and ends at the step count and policy
+    version of an uninterrupted 3-step run. (Run on its own, the test makes that 2-step run first.)"""
     from pivotrl.run import run
 
-    first = run(make_local_cfg(tiny_assets, "pivot", ["train.steps=1", "train.warmup_steps=0"]), tmp_path)
-    assert first["policy_version"] == 1
-    assert (tmp_path / "checkpoints" / "step_00000001" / "trainer_state.json").is_file()
-    resumed = run(make_local_cfg(tiny_assets, "pivot", ["train.resume=true"]), tmp_path)
-    assert resumed["policy_version"] == 2
-    assert resumed["samples_trained"] == resumed["samples_trained_unique"] == 2 * 4, "only step 2 is trained"
-    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
-    assert [r["batch"] for r in rows] == [0, 1]
-    assert any(r["kind"] == "resume" and r["version"] == 1 for r in _timeline(tmp_path))
+    run_dir = tmp_path / "run"
+    if "pivot" in RUNS:
+        src, assets = RUNS["pivot"]
+        shutil.copytree(src, run_dir)
+    else:
+        assets = _judge(tiny_assets, "pivot", tmp_path)
+        assert run(make_local_cfg(assets, "pivot"), run_dir)["policy_version"] == 2
+    assert (run_dir / "checkpoints" / "step_00000002" / "trainer_state.json").is_file()
+    resumed = run(make_local_cfg(assets, "pivot", ["train.resume=true", "train.steps=3"]), run_dir)
+    assert resumed["policy_version"] == 3
+    assert resumed["samples_trained"] == resumed["samples_trained_unique"] == 2 * 4, "only step 3 is trained"
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["batch"] for r in rows] == [0, 1, 2]
+    assert any(r["kind"] == "resume" and r["version"] == 2 for r in _timeline(run_dir))
 
 
 @pytest.mark.slow

@@ -196,3 +196,19 @@ def test_engine_args_take_the_specs_platform_choices_and_skip_the_folder_for_gps
         assert (a.enforce_eager, a.enable_expert_parallel, a.load_format) == (True, False, "auto")
     finally:
         eng.shutdown()
+
+
+@pytest.mark.parametrize("before", [None, "1"])
+def test_the_one_process_cpu_engine_flag_is_set_only_while_an_engine_starts(monkeypatch, before):
+    """`vllm_client.one_process_cpu_engine`: the flag is "0" inside, and the caller's own value
+    (or none) comes back after, so a synchronous vLLM engine built later is not run in-process."""
+    from pivotrl.engines.vllm_client import one_process_cpu_engine
+
+    key = "VLLM_ENABLE_V1_MULTIPROCESSING"
+    if before is None:
+        monkeypatch.delenv(key, raising=False)
+    else:
+        monkeypatch.setenv(key, before)
+    with one_process_cpu_engine():
+        assert os.environ[key] == "0"
+    assert os.environ.get(key) == before
