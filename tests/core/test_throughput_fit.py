@@ -68,9 +68,13 @@ def test_same_answer_as_the_direct_method(case):
     moe = dict(moe_floor=truth.moe_floor, moe_k_over_e=truth.moe_k_over_e)
     want = direct_fit(samples, **moe)
     got = ThroughputModel.fit(samples, **moe)
-    assert np.abs(np.array([got.A, got.B, got.C, got.D]) - want) * scale == pytest.approx(
-        np.zeros(4), abs=1e-9 * float(np.max(want * scale)))
     ref = ThroughputModel(*want.tolist(), **moe)
+    # the same model: the same iteration time at every sample. Not the same coefficients: where
+    # the best breakpoint lies above every N, the floor and the constant are one column, and which
+    # split of their sum the direct method returned was decided by the machine's float rounding
+    # (B = 13.3e-3, D = 0 on one machine; B = 6.6e-3, D = 6.7e-3 and half the C on another)
+    n, k, _ = np.asarray(samples, dtype=np.float64).T
+    assert got.iter_time_v(n, k) == pytest.approx(ref.iter_time_v(n, k), rel=1e-9)
     assert got.relative_error(samples) == pytest.approx(ref.relative_error(samples), rel=1e-9, abs=1e-12)
 
 
@@ -81,8 +85,14 @@ def test_a_degenerate_breakpoint_takes_the_best_of_its_ties():
     samples = _samples(DENSE, np.random.default_rng(3), 600, 8, 5_000, 0.2)
     want = ThroughputModel(*direct_fit(samples).tolist())
     got = ThroughputModel.fit(samples)
-    assert got.relative_error(samples) < want.relative_error(samples) * (1 - 1e-6)
+    assert got.relative_error(samples) <= want.relative_error(samples) * (1 + 1e-9)
     assert got.B > 0 and got.C * 7 < got.B <= got.C * 8  # self-consistent: the kink lies at N = 8
+    # the tie member without the floor: (B + t, C + t/8, D - t) fits the breakpoint's linear
+    # problem equally for any t; at t = -B the max() model charges C*N + D below the kink
+    floorless = ThroughputModel(A=got.A, B=0.0, C=got.C - got.B / 8, D=got.D + got.B)
+    assert got.relative_error(samples) < floorless.relative_error(samples) * (1 - 1e-6)
+    if want.B == 0:  # the direct method's rounding picked that member (it does on some machines)
+        assert got.relative_error(samples) < want.relative_error(samples) * (1 - 1e-6)
 
 
 def test_never_worse_than_the_direct_method_on_random_sets():
