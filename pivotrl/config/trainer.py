@@ -46,6 +46,10 @@ class AlgoConfig:
     not one noisy full-size step away from where it was)."""
     lr_min_ratio: float = 0.1
     """Floor of the linear decay, as a fraction of `lr`. In [0, 1]."""
+    lr_warmup_steps: int = 0
+    """Linear warm-up over the first this many versions: version v trains at
+    `(v + 1) / lr_warmup_steps` of the decayed rate (AdamW's first steps move every weight by about
+    the rate, whatever the gradient's size). 0: none. An int >= 0."""
     adam_beta1: float = 0.9
     """AdamW beta1, in [0, 1)."""
     adam_beta2: float = 0.999
@@ -148,6 +152,8 @@ class AlgoConfig:
             bad("lr_decay_steps", "null (over train.steps) or an int >= 0 (0: constant)")
         if not 0.0 <= self.lr_min_ratio <= 1.0:
             bad("lr_min_ratio", "[0, 1]")
+        if not (isinstance(self.lr_warmup_steps, int) and self.lr_warmup_steps >= 0):
+            bad("lr_warmup_steps", "an int >= 0 (0: no warm-up)")
         for name in ("adam_beta1", "adam_beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 bad(name, "[0, 1)")

@@ -250,12 +250,14 @@ class TrainerWorker:
         return metrics
 
     def lr_at(self, version: int) -> float:
-        """Learning rate of the step that trains version `version` (config: lr_decay_steps)."""
+        """Learning rate of the step that trains version `version` (config: lr_decay_steps,
+        lr_min_ratio, lr_warmup_steps)."""
         cfg = self.cfg
+        warm = min(1.0, (version + 1) / cfg.lr_warmup_steps) if cfg.lr_warmup_steps else 1.0
         if cfg.lr_decay_steps == 0:
-            return cfg.lr
+            return cfg.lr * warm
         frac = min(1.0, version / cfg.lr_decay_steps)
-        return cfg.lr * (1.0 - frac * (1.0 - cfg.lr_min_ratio))
+        return cfg.lr * warm * (1.0 - frac * (1.0 - cfg.lr_min_ratio))
 
     def _mini_batches(self, fresh: np.ndarray) -> list[np.ndarray]:
         """`fresh` cut into `ppo_mini_batches` mini-batches (whole GRPO groups stay together

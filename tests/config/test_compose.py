@@ -110,7 +110,8 @@ def test_resolve_derives_without_mutating():
     cfg0 = make([])
     assert not hasattr(cfg0.algo, "staleness") and cfg0.algo.lr_decay_steps is None  # the user's own settings only
     t = p.trainer(cfg0, world_size=2)
-    assert (t.world_size, t.staleness, t.backend, t.lr_decay_steps, t.lr) == (2, 2, "gloo", 30, 5e-4)
+    assert (t.world_size, t.staleness, t.backend, t.lr_decay_steps, t.lr, t.lr_warmup_steps) == (
+        2, 2, "gloo", 30, 5e-4, 3)
     assert t.logprob_temperature == cfg0.algo.rollout_temperature and t.num_threads == cfg0.cluster.threads_per_device
     reward, rollout = p.engine(cfg0, "reward"), p.engine(cfg0, "rollout")
     assert (reward.settings.shared(), reward.tensor_parallel_size, reward.sleep_level) == (

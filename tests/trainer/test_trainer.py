@@ -290,6 +290,16 @@ def test_linear_lr_decay_per_version(model_path):
     assert lrs == pytest.approx([1e-2, 8.125e-3, 6.25e-3, 4.375e-3, 2.5e-3, 2.5e-3])
 
 
+def test_lr_warmup_ramps_then_decays(model_path):
+    """Warm-up over 2 versions on top of the decay over 4: (v + 1) / 2 of the decayed rate."""
+    with Trainer(_cfg(lr=1e-2, lr_decay_steps=4, lr_min_ratio=0.25, lr_warmup_steps=2, staleness=10), model_path) as tr:
+        lrs = [tr.step(_batch(k))["lr"] for k in range(5)]
+    assert lrs == pytest.approx([5e-3, 8.125e-3, 6.25e-3, 4.375e-3, 2.5e-3])
+    with Trainer(_cfg(lr=1e-2, lr_warmup_steps=3, staleness=10), model_path) as tr:  # no decay: up to lr, and there
+        lrs = [tr.step(_batch(k))["lr"] for k in range(4)]
+    assert lrs == pytest.approx([1e-2 / 3, 2e-2 / 3, 1e-2, 1e-2])
+
+
 def test_offload_reload_round_trips_exactly(model_path):
     with Trainer(_cfg(), model_path) as tr:
         tr.step(_batch(1))
@@ -413,6 +423,7 @@ def test_bfloat16_compute_keeps_float32_master_weights(model_path):
         (dict(off_policy="vtrace"), "off_policy"),
         (dict(lr_decay_steps=-1), "lr_decay_steps"),
         (dict(lr_min_ratio=1.5), "lr_min_ratio"),
+        (dict(lr_warmup_steps=-2), "lr_warmup_steps"),
         (dict(behaviour_is_cap=0.0), "behaviour_is_cap"),
     ],
 )
