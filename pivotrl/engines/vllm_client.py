@@ -59,11 +59,11 @@ def one_process_cpu_engine() -> Iterator[None]:
     inherits it) and restores after: the flag's other reader is vLLM's synchronous `LLMEngine`,
     which would otherwise run in-process in a caller that builds one later. Engines of several
     ranks ask for "mp" by name (`async_engine_args`) and are unaffected. Measured on a tiny Qwen2
-    (2 cores): start 16.1 -> 11.4 s, 25 -> 19 CPU-s, one process fewer and ~0.7 GB less of the machine in use at peak. CUDA builds
-    keep vLLM's own choice (already in-process for one rank). vLLM then warns at each start that
-    its seed "may affect the random state of the Python process that launched vLLM": true of the
-    synchronous engine only (here the seed is applied in the engine-core process), so that one
-    warning is filtered out."""
+    (2 cores): start 16.1 -> 11.4 s, 25 -> 19 CPU-s, one process fewer and ~0.7 GB less of the
+    machine in use at peak. CUDA builds keep vLLM's own choice (already in-process for one rank).
+    vLLM then warns at each start that its seed "may affect the random state of the Python process
+    that launched vLLM": true of the synchronous engine only (here the seed is applied in the
+    engine-core process), so that one warning is filtered out."""
     import logging
 
     log = logging.getLogger("vllm.engine.arg_utils")

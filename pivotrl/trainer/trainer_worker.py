@@ -254,9 +254,7 @@ class TrainerWorker:
         lr_min_ratio, lr_warmup_steps)."""
         cfg = self.cfg
         warm = min(1.0, (version + 1) / cfg.lr_warmup_steps) if cfg.lr_warmup_steps else 1.0
-        if cfg.lr_decay_steps == 0:
-            return cfg.lr * warm
-        frac = min(1.0, version / cfg.lr_decay_steps)
+        frac = min(1.0, version / cfg.lr_decay_steps) if cfg.lr_decay_steps else 0.0
         return cfg.lr * warm * (1.0 - frac * (1.0 - cfg.lr_min_ratio))
 
     def _mini_batches(self, fresh: np.ndarray) -> list[np.ndarray]:
