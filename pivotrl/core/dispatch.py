@@ -247,11 +247,13 @@ class Dispatcher:
             if i < 0:
                 failed = min(failed, seq.length)
                 skipped.append(entry)  # fits nowhere now: keeps its place for the next call
-                fit = self._fit(positions)
+                if fit is None:  # from here on kept exact by the placements below
+                    fit = self._fit(positions)
                 continue
             del queued[entry[1]]
+            held_fit = fit is not None and self._free[i] >= fit
             self._place(seq, i)
-            if fit is not None:
+            if held_fit:  # only replica i lost KV and maybe its last slot: elsewhere the most is unchanged
                 fit = self._fit(positions)
         for entry in skipped:
             heapq.heappush(heap, entry)
