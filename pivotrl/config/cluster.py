@@ -146,6 +146,13 @@ class ClusterConfig:
     and the run goes on with fewer devices, or stops naming the role that can no longer run."""
     respawn_window_s: float = 600.0
     """Real runtimes: the window (seconds) over which `max_respawns` counts a device's deaths."""
+    keep_devices: bool = False
+    """Real runtimes: after a run, keep its Ray session, placement groups and device actors for
+    this process's next run with the same cluster settings (a Hydra multirun sweep, a test module),
+    which then starts no device process (each one that imports torch and the model libraries costs
+    about 8 CPU-seconds on the CPU, more on a GPU). Between runs each actor closes its roles; one
+    that died is replaced as in a run. A run with other cluster settings releases them first, and
+    `pivotrl.runtime.cluster.release_kept_clusters()` (or the process's end) releases them."""
     accelerator: str | None = None
     """What a device is on the real runtimes: `cpu` (gloo, CPU engines) or `cuda` (NCCL, GPUs);
     null = cpu on `local`, cuda on `ray`."""

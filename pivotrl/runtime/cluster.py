@@ -22,6 +22,12 @@ starts a private head with its own temp dir and port, stopped through this drive
 address in use is logged. A private head gets a reaper (`reaper.py`): Ray ties its gcs and raylet
 to the driver, not the agents the raylet starts, which outlived a SIGKILLed driver by minutes.
 
+Kept clusters: with `cluster.keep_devices` (`ClusterSpec.keep_devices`) a run's `shutdown` keeps
+the cluster (its Ray session, placement groups and the device actors the executor hands back in
+`Cluster.devices`), and the process's next `start_cluster` of the same spec in the same Ray session
+returns it, so that run starts no device process. One cluster is kept at a time: a start of another
+spec releases it first (it holds the devices), and `release_kept_clusters` ends it.
+
 Errors: asking for more devices than the cluster's resources is a `ClusterResourceError` at start
 that names both numbers (and the resource). Teardown (`Cluster.shutdown`, or the
 `cluster_session` context manager) removes the placement groups and shuts Ray down if this module
@@ -90,10 +96,13 @@ class ClusterSpec:
     connect_timeout_s: float = 30.0
     """Seconds to wait for the head at `address` before failing with how to start one."""
     declare_gpus: bool = False
-    devices_per_gpu: int = 1
-    """`kind=ray`: devices sharing one GPU (each takes 1/devices_per_gpu of it)."""
     """`kind=ray`, `address=local`: declare `num_devices` GPUs on the private head (a CPU machine
     running the ray path with vLLM's CPU build and gloo, `cluster.accelerator=cpu`)."""
+    devices_per_gpu: int = 1
+    """`kind=ray`: devices sharing one GPU (each takes 1/devices_per_gpu of it)."""
+    keep_devices: bool = False
+    """Keep the cluster and its device actors for the process's next run of this spec
+    (`cluster.keep_devices`; module docstring, Kept clusters)."""
 
     def __post_init__(self) -> None:
         if self.kind not in RESOURCE_OF_KIND:
@@ -144,7 +153,8 @@ class ClusterSpec:
                    address=getattr(cluster_cfg, "address", None),
                    connect_timeout_s=float(getattr(cluster_cfg, "connect_timeout_s", 30.0)),
                    declare_gpus=str(kind) == "ray" and accel == "cpu",
-                   devices_per_gpu=int(getattr(cluster_cfg, "devices_per_gpu", 1)))
+                   devices_per_gpu=int(getattr(cluster_cfg, "devices_per_gpu", 1)),
+                   keep_devices=bool(getattr(cluster_cfg, "keep_devices", False)))
 
 
 def cores_for_device(local_index: int, threads: int, available: list[int] | None = None) -> list[int] | None:
@@ -175,6 +185,11 @@ class Cluster:
     reaper: Any = None
     """The private head's `runtime.reaper.Reaper`: ends the head's processes by their recorded
     pids when this driver dies (even by SIGKILL), and what is left of them at shutdown."""
+    devices: dict[int, tuple[Any, int]] = field(default_factory=dict)
+    """`spec.keep_devices`: each device's actor (None once it was stopped) and its generation, as
+    the last run left them; the executor takes them at start and hands them back at close."""
+    session: str | None = None
+    """The Ray session the cluster lives in (the driver's node id: a new session has a new one)."""
 
     @property
     def resource(self) -> str:
@@ -226,9 +241,20 @@ class Cluster:
             raise ValueError(f"device {device} is outside the cluster's devices [0, {self.spec.num_devices})")
 
     def shutdown(self) -> None:
-        """Remove the placement groups; shut Ray down if we started it. Idempotent."""
+        """Remove the placement groups; shut Ray down if we started it. Idempotent. A kept cluster
+        (`spec.keep_devices`) stays as it is, for the next run: `release_kept_clusters` ends it."""
+        if _KEPT.get("cluster") is self:
+            return
+        self._end()
+
+    def _end(self) -> None:
         import ray
 
+        for actor, _ in self.devices.values():
+            if actor is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+        self.devices.clear()
         if not ray.is_initialized():
             self.placement_groups.clear()
             return
@@ -343,16 +369,55 @@ def _init_ray(spec: ClusterSpec) -> tuple[bool, str | None, Any]:
     return True, temp_dir, Reaper.start(before, record=Path(temp_dir) / REAPER_RECORD)
 
 
+#: The kept cluster of this process, if any (`spec.keep_devices`): {"cluster": Cluster}.
+_KEPT: dict[str, Cluster] = {}
+
+
+def _session() -> str | None:
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+
+
+def release_kept_clusters() -> None:
+    """End the kept cluster, if any: its device actors, placement groups and (if it started it)
+    Ray. Before a caller shuts down the Ray session a kept cluster lives in."""
+    cluster = _KEPT.pop("cluster", None)
+    if cluster is not None:
+        cluster._end()
+
+
+def _kept(spec: ClusterSpec) -> Cluster | None:
+    """The kept cluster if it is `spec`'s and its Ray session is the one in use; any other is
+    released (it would hold the devices a new cluster asks for)."""
+    cluster = _KEPT.get("cluster")
+    if cluster is None:
+        return None
+    if cluster.spec == spec and cluster.session is not None and cluster.session == _session():
+        log.info("cluster: the kept cluster of the last run (%d devices, Ray at %s)", spec.num_devices,
+                 cluster.address)
+        return cluster
+    if cluster.session != _session():  # its Ray session is gone (and is not ours to stop now)
+        cluster.started_ray = False
+    release_kept_clusters()
+    return None
+
+
 def start_cluster(spec: ClusterSpec) -> Cluster:
     """Start/attach Ray and reserve every device, or raise `ClusterResourceError` naming both numbers
-    (`ClusterConnectError` when there is no head to join, saying how to start one)."""
+    (`ClusterConnectError` when there is no head to join, saying how to start one). With
+    `spec.keep_devices`, the kept cluster of the process's last run of `spec`, if there is one."""
     import ray
     from ray.util.placement_group import placement_group
 
+    kept = _kept(spec)
+    if kept is not None:
+        return kept
     started, temp_dir, reaper = _init_ray(spec)
     cluster = Cluster(spec=spec, started_ray=started, temp_dir=temp_dir, reaper=reaper)
     try:
         cluster.address = ray.get_runtime_context().gcs_address
+        cluster.session = _session()
         log.info("cluster: Ray at %s (%s)", cluster.address,
                  "a private head of this run" if temp_dir else "joined" if started else "already connected")
         have = ray.cluster_resources().get(spec.resource, 0.0)
@@ -376,6 +441,8 @@ def start_cluster(spec: ClusterSpec) -> Cluster:
                     f"(cluster.num_devices={spec.num_devices}, total {have:g})")
         log.info("cluster: %d %s devices on %d node(s), Ray %s", spec.num_devices, spec.resource,
                  spec.num_nodes, "started" if cluster.started_ray else "attached")
+        if spec.keep_devices:
+            _KEPT["cluster"] = cluster
         return cluster
     except BaseException:
         cluster.shutdown()

@@ -353,6 +353,19 @@ class DeviceWorker:
         return self._trainer().load_checkpoint(expand_path(path))
 
     # ------------------------------------------------------------------ teardown
+    def reset(self) -> bool:
+        """Close every role (after the step in progress) and forget the run, for a kept cluster's
+        next run (`cluster.keep_devices`). Whether the actor is now as spawned: False when its
+        engine loop ended on an error (the executor then stops it)."""
+        with self._step_lock:
+            for host in self.hosts.values():
+                host.close()
+            with self._cv:
+                self.hosts.clear()
+                self.active = None
+                self._outbox = []
+                return self._loop.is_alive() and self._error is None
+
     def close(self) -> None:
         with self._cv:
             self._stop = True

@@ -13,8 +13,8 @@ Owns (parameters for shift up come from `params.ParamSource`, the GPS):
   back holding no role) and records one `Death` (`take_deaths`, each death once, whichever call
   found it). Every call reads its actor and that actor's generation together (`handle`) and passes
   the generation to `respawn`, so a call that failed on an actor already replaced (the other call
-  found the death first) never kills the fresh one, so the runtime can put that device's sequences back in the queue with their last
-  reported tokens. Until the runtime re-hosts it (`rehost`) or a shift brings it up, no move
+  found the death first) never kills the fresh one; the runtime puts that device's sequences back in
+  the queue with their last reported tokens. Until the runtime re-hosts it (`rehost`) or a shift brings it up, no move
   reaches the fresh actor: a device that lost an inference role is `unhosted`, and moves to it are
   left out (its sequences are the runtime's to re-queue). A dead device during a shift is shifted
   up again on its fresh actor (a shift down of a dead device is trivially complete).
@@ -77,7 +77,7 @@ class Executor:
         """The time limit of every call into a device actor (the defaults' floors when not given)."""
         # devices sharing GPUs (`cluster.devices_per_gpu`): every shift call (of any plan, and
         # re-hosts) runs alone, so no two engines start on a GPU at once (cluster.py says why)
-        self.one_at_a_time = getattr(cluster.spec, "devices_per_gpu", 1) > 1
+        self.one_at_a_time = cluster.spec.devices_per_gpu > 1
         self._one_shift_at_a_time = threading.Lock()
         self.max_respawns, self.respawn_window_s = int(max_respawns), float(respawn_window_s)
         self.train_recovery = train_recovery
@@ -86,9 +86,13 @@ class Executor:
         self.specs = specs
         self.params = params
         self.model_of = model_of
-        self.actors: dict[int, Any] = {d: spawn_device(cluster, d) for d in range(cluster.spec.num_devices)}
+        self.actors: dict[int, Any] = {}
+        self.generation: dict[int, int] = {}
+        for d in range(cluster.spec.num_devices):  # a kept cluster's actors, else new ones
+            actor, gen = cluster.devices.get(d, (None, -1))
+            self.actors[d] = actor if actor is not None else spawn_device(cluster, d, gen + 1)
+            self.generation[d] = gen if actor is not None else gen + 1
         self.role_of: dict[int, Role | None] = {d: None for d in self.actors}
-        self.generation: dict[int, int] = {d: 0 for d in self.actors}
         self.slots: dict[str, Slot] = {}  # replica id -> its slot (every slot ever shifted up)
         self.hosted: dict[int, Slot] = {}  # device -> the inference slot it serves now
         self.shift_log: list[dict[str, Any]] = []
@@ -131,10 +135,8 @@ class Executor:
             if device in self.retired or (generation is not None and generation != self.generation[device]):
                 return False
             old = self.actors[device]
-            try:
+            with contextlib.suppress(Exception):
                 ray.kill(old)
-            except Exception:
-                pass
             slot = self.hosted.pop(device, None) or slot
             role = self.role_of[device] or (slot.role if slot is not None else None)
             now = time.monotonic()
@@ -171,10 +173,8 @@ class Executor:
             self.unhosted.discard(device)
             self.hosted.pop(device, None)
             self.role_of[device] = None
-            try:
+            with contextlib.suppress(Exception):
                 ray.kill(self.actors[device])
-            except Exception:
-                pass
         log.warning("device %d left the pool (it died more than cluster.max_respawns=%d times within "
                     "cluster.respawn_window_s=%gs)", device, self.max_respawns, self.respawn_window_s)
 
@@ -478,23 +478,23 @@ class Executor:
         return [out[d] for d in devices]
 
     def close(self) -> None:
-        """Close every device actor at once (each stops its engines; a vLLM engine's process takes
-        seconds to go), wait up to 10 s for them all, then kill the actors."""
+        """Close every device actor at once and wait up to 10 s (a vLLM engine takes seconds to go),
+        then kill them; a kept cluster (`cluster.keep_devices`) gets back each one reset in time."""
         import ray
 
-        refs = []
-        for a in self.actors.values():
-            try:
-                refs.append(a.close.remote())
-            except Exception:
-                pass
-        if refs:
-            try:
-                ray.wait(refs, num_returns=len(refs), timeout=10)
-            except Exception:
-                pass
-        for a in self.actors.values():
-            try:
-                ray.kill(a)
-            except Exception:
-                pass
+        keep, refs, ready = self.cluster.spec.keep_devices, {}, set()
+        with contextlib.suppress(Exception):  # Ray itself gone: the kills below are all that is left
+            refs = {d: a.reset.remote() if keep else a.close.remote() for d, a in self.actors.items()
+                    if d not in self.retired}
+            ready = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=10)[0]) if refs else set()
+        for d, a in self.actors.items():
+            kept = False
+            if keep and refs.get(d) in ready:
+                with contextlib.suppress(Exception):  # a dead actor's call raises: not kept
+                    kept = ray.get(refs[d]) is True
+            if not kept:
+                with contextlib.suppress(Exception):
+                    ray.kill(a)
+            if keep:
+                self.cluster.devices[d] = (a if kept else None, self.generation[d])
+

@@ -11,11 +11,16 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 
 @pytest.fixture(scope="module")
 def ray_session():
+    """The module's Ray session. The runs of a module attach to it and keep their devices for the
+    module's next run (`local_overrides`: `cluster.keep_devices`), released here at the end."""
     ray = pytest.importorskip("ray")
+    from pivotrl.runtime.cluster import release_kept_clusters
+
     ray.init(address="local", num_cpus=2, resources={"pivot_device": 4}, include_dashboard=False, configure_logging=False)
     try:
         yield ray
     finally:
+        release_kept_clusters()
         ray.shutdown()
 
 
@@ -34,8 +39,13 @@ def tiny_assets(tmp_path_factory):
 
 
 def local_overrides(assets, mode: str, overrides: list[str] = ()) -> list[str]:
-    """The overrides of a `cluster=local` run of 2 tiny steps on the given tiny checkpoints."""
-    return [f"deploy={mode}", "cluster=local", f"models.policy.hf_path={assets['policy']}",
+    """The overrides of a `cluster=local` run of 2 tiny steps on the given tiny checkpoints. In a
+    module's Ray session (`ray_session`) the run keeps its devices for the module's next run (a
+    run's start-up is mostly its 4 device processes importing torch and transformers)."""
+    import ray
+
+    keep = [f"cluster.keep_devices={str(ray.is_initialized()).lower()}"]
+    return [f"deploy={mode}", "cluster=local", *keep, f"models.policy.hf_path={assets['policy']}",
             f"models.genrm.hf_path={assets['genrm']}", f"data.train_path={assets['train']}",
             f"data.val_path={assets['val']}", "data.val_size=4", "data.max_response_length=12",
             "cluster.max_wall_s=600", "engine.max_num_seqs=32", "engine.kv_capacity_tokens=8192",

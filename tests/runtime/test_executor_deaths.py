@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 import pivotrl.runtime.executor as executor
+from pivotrl.runtime.cluster import ClusterSpec
 from pivotrl.runtime.outcomes import TrainingStateLost
 from pivotrl.core.types import Role, Slot
 
@@ -24,7 +25,7 @@ def ex(monkeypatch):
 
     monkeypatch.setattr(executor, "spawn_device", lambda cluster, d, g=0: StubActor(d, g))
     monkeypatch.setattr(ray, "kill", lambda actor, **k: None)  # a stub has no process (and no Ray starts)
-    cluster = SimpleNamespace(spec=SimpleNamespace(num_devices=3))
+    cluster = SimpleNamespace(spec=ClusterSpec(kind="local", num_devices=3), devices={})
     e = executor.Executor(cluster, specs=None, params=None, model_of={}, max_respawns=2, respawn_window_s=100.0)
     e.role_of[0] = Role.ROLLOUT
     e.train_ranks.add(2)

@@ -14,6 +14,7 @@ from pivotrl.config.cluster import LimitsConfig
 from pivotrl.config.engine import EngineConfig
 from pivotrl.core.dispatch import Move
 from pivotrl.core.types import Role, ShiftPlan, Slot
+from pivotrl.runtime.cluster import ClusterSpec
 from pivotrl.runtime.limits import Limits
 from pivotrl.runtime.outcomes import TimeLimitExceeded
 from pivotrl.runtime.roles import RoleSpec, ShiftTiming
@@ -117,7 +118,7 @@ def _executor(ray, monkeypatch, hang, devices=2, shift_s=1.5, devices_per_gpu=1)
 
     lim = Limits(LimitsConfig(call_s=1.0, shift_floor_s=shift_s, shift_s_per_gb=0.0, load_floor_s=1.0,
                               load_s_per_gb=0.0, train_floor_s=1.0, train_s_per_gb=0.0))
-    ex = executor.Executor(SimpleNamespace(spec=SimpleNamespace(num_devices=devices, devices_per_gpu=devices_per_gpu)),
+    ex = executor.Executor(SimpleNamespace(spec=ClusterSpec(kind="ray", num_devices=devices, devices_per_gpu=devices_per_gpu), devices={}),
                            specs, params,
                            {Role.ROLLOUT: "policy", Role.REWARD: "genrm"})
     ex.wait_ready()  # actors start within the default limits; the tight ones apply from here

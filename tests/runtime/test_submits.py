@@ -12,6 +12,7 @@ import pytest
 import pivotrl.runtime.executor as executor
 from pivotrl.core.dispatch import Move
 from pivotrl.core.types import Role, Slot
+from pivotrl.runtime.cluster import ClusterSpec
 
 R = Role.REWARD
 
@@ -58,7 +59,7 @@ def ex(monkeypatch):
     monkeypatch.setattr(ray, "kill", lambda actor, **k: None)
     monkeypatch.setattr(ray, "get", get)
     monkeypatch.setattr(ray, "wait", lambda refs, num_returns=1, timeout=None: (list(refs), []))
-    e = executor.Executor(SimpleNamespace(spec=SimpleNamespace(num_devices=2)), specs=None, params=None, model_of={})
+    e = executor.Executor(SimpleNamespace(spec=ClusterSpec(kind="local", num_devices=2), devices={}), specs=None, params=None, model_of={})
     for d in (0, 1):
         slot = Slot(R, d, 1)
         e.slots[slot.slot_id], e.hosted[d], e.role_of[d] = slot, slot, R
