@@ -26,7 +26,8 @@ Kept clusters: with `cluster.keep_devices` (`ClusterSpec.keep_devices`) a run's 
 the cluster (its Ray session, placement groups and the device actors the executor hands back in
 `Cluster.devices`), and the process's next `start_cluster` of the same spec in the same Ray session
 returns it, so that run starts no device process. One cluster is kept at a time: a start of another
-spec releases it first (it holds the devices), and `release_kept_clusters` ends it.
+spec releases it first (it holds the devices), and `release_kept_clusters` ends it (also at the
+process's exit, so a private head's temp dir goes as after any run).
 
 Errors: asking for more devices than the cluster's resources is a `ClusterResourceError` at start
 that names both numbers (and the resource). Teardown (`Cluster.shutdown`, or the
@@ -35,6 +36,7 @@ started it; it runs in `finally`, so a failed run never leaves Ray behind for th
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -443,6 +445,8 @@ def start_cluster(spec: ClusterSpec) -> Cluster:
                  spec.num_nodes, "started" if cluster.started_ray else "attached")
         if spec.keep_devices:
             _KEPT["cluster"] = cluster
+            atexit.unregister(release_kept_clusters)  # once, and after Ray's own exit hook: runs first
+            atexit.register(release_kept_clusters)
         return cluster
     except BaseException:
         cluster.shutdown()

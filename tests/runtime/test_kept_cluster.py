@@ -93,3 +93,20 @@ def test_release_ends_the_kept_cluster(session):
     finally:
         release_kept_clusters()
     assert ray.is_initialized(), "the kept cluster did not start this Ray session: it is not its to stop"
+
+
+def test_a_kept_private_head_goes_with_its_process():
+    """A run that keeps its cluster and then ends its process (a single `python train.py
+    cluster.keep_devices=true`): the private head's temp dir goes at exit, as after any run."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("from pivotrl.runtime.cluster import ClusterSpec, start_cluster\n"
+            "c = start_cluster(ClusterSpec(kind='local', num_devices=1, keep_devices=True))\n"
+            "c.shutdown()\n"
+            "print('TEMP', c.temp_dir)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    temp = [line.split(" ", 1)[1] for line in p.stdout.splitlines() if line.startswith("TEMP ")]
+    assert p.returncode == 0 and temp and "pivotrl-ray-" in temp[0], p.stderr[-2000:]
+    assert not Path(temp[0]).exists(), "the kept cluster was released at exit"
