@@ -149,8 +149,8 @@ class ClusterConfig:
     keep_devices: bool = False
     """Real runtimes: after a run, keep its Ray session, placement groups and device actors for
     this process's next run with the same cluster settings (a Hydra multirun sweep, a test module),
-    which then starts no device process (each one that imports torch and the model libraries costs
-    about 8 CPU-seconds on the CPU, more on a GPU). Between runs each actor closes its roles; one
+    which then starts no device process (each one that imports torch and the model libraries cost
+    about 8 CPU-seconds on the 2-core CPU machine). Between runs each actor closes its roles; one
     that died is replaced as in a run. A run with other cluster settings releases them first, and
     `pivotrl.runtime.cluster.release_kept_clusters()` (or the process's end) releases them."""
     accelerator: str | None = None

@@ -11,6 +11,7 @@ from pivotrl.config.engine import EngineConfig, EngineSpec  # noqa: E402
 from pivotrl.core.types import Role  # noqa: E402
 from pivotrl.runtime.cluster import ClusterSpec, release_kept_clusters, start_cluster  # noqa: E402
 from pivotrl.runtime.executor import Executor  # noqa: E402
+from pivotrl.runtime.faults import kill_device  # noqa: E402
 from pivotrl.runtime.roles import RoleSpec  # noqa: E402
 
 KEPT = ClusterSpec(kind="local", num_devices=2, node_size=2, keep_devices=True)
@@ -46,7 +47,7 @@ def test_the_next_run_gets_the_same_actors_back_without_their_roles(session, tmp
                     engine=EngineSpec.for_role(EngineConfig(name="cpu", num_threads=1, kv_capacity_tokens=1024),
                                                "rollout"))
     assert ray.get(ex.actors[0].shift_up.remote(spec, None, 0)).cold
-    ray.kill(ex.actors[1], no_restart=True)
+    kill_device(ex.actors[1])
     assert ex.respawn(1, "killed by the test")
     replaced = _info(ex)[1]["pid"]
     ex.close()
@@ -79,9 +80,14 @@ def test_release_ends_the_kept_cluster(session):
     cluster = start_cluster(KEPT)
     ex = _executor(cluster)
     pid = _info(ex)[0]["pid"]
+    kill_device(ex.actors[1])  # dead at close: not handed back, the next run spawns it anew
     ex.close()
     cluster.shutdown()
+    assert cluster.devices[0][0] is not None and cluster.devices[1] == (None, 0)
     assert start_cluster(KEPT) is cluster
+    ex = _executor(cluster)
+    assert ex.generation == {0: 0, 1: 1} and _info(ex)[0]["pid"] == pid
+    ex.close()
     release_kept_clusters()
     assert cluster.devices == {} and cluster.placement_groups == []
     fresh = start_cluster(KEPT)
