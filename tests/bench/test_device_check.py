@@ -44,11 +44,11 @@ def check_cpu_results(tmp_path: Path) -> None:
     assert en["n_samples"] >= 2 and math.isfinite(en["fit_mean_rel_error"]) and en["fit_mean_rel_error"] >= 0
     assert ho["policy_sleep_level"] == 2.0 and ho["genrm_sleep_level"] == 1.0
     assert ho["genrm_needed_gps"] is False and "load_s" in ho["policy_shift_up_detail"]
-    # the cluster=ray runs on one device: 3 steps each, made from random-weight checkpoints (no
-    # bootstrap), every role shifted onto that device, and each run's trace written
-    runs = [r for r in ("run_colocated", "run_pivot") if not parts[r]["skipped"]]
-    assert "run_colocated" in runs
-    for name in runs:
+    # the cluster=ray run on one device: 3 steps, made from random-weight checkpoints (no bootstrap),
+    # every role shifted onto that device, and its trace written; run_pivot is GPU-only (on CPU,
+    # tests/e2e/test_ray_cpu.py runs deploy=pivot on cluster=ray; its command: test below)
+    assert parts["run_pivot"]["skipped"] and not parts["run_colocated"]["skipped"]
+    for name in ("run_colocated",):
         res = parts[name]["result"]
         s = res["summary"]
         assert res["ok"] and res["trace"] and s["steps"] == 3 and s["policy_version"] == 3 and s["cluster"] == "ray"
@@ -56,6 +56,22 @@ def check_cpu_results(tmp_path: Path) -> None:
         assert {t["device"] for t in res["shifts"]} == set(range(DEVICES[name.split("_")[1]]))
         assert (tmp_path / "assets" / "policy" / "config.json").is_file(), "tiny checkpoints made on the spot"
         assert "bootstrap" not in (tmp_path / f"{name}.log").read_text().lower()
+
+
+@pytest.mark.parametrize("mode", ["gpu", "cpu"])
+@pytest.mark.parametrize("deploy", ["colocated", "pivot"])
+def test_each_runs_command_composes_into_its_run(tmp_path, mode, deploy):
+    """Parts 4 and 5's `train.py` overrides make the config they mean (run_pivot runs on GPUs only)."""
+    from pivotrl.bench.device_check_run import DEVICES, run_command
+    from pivotrl.config import compose_config
+
+    assets = {k: str(tmp_path / k) for k in ("policy", "genrm", "train", "val")}
+    cmd = run_command(mode, deploy, assets, tmp_path / "run")
+    assert cmd[1] == "train.py"
+    cfg = compose_config([a for a in cmd[2:] if not a.startswith("hydra.")])
+    assert cfg.deploy.mode == deploy and cfg.cluster.kind == "ray" and cfg.cluster.num_devices == DEVICES[deploy]
+    assert cfg.train.steps == 3 and cfg.models.policy.hf_path == assets["policy"]
+    assert cfg.engine.name == ("vllm" if mode == "gpu" else "cpu")
 
 
 def test_device_check_rejects_an_unknown_argument():
