@@ -443,12 +443,13 @@ class Executor:
 
     # ------------------------------------------------------------------ training (collective)
     def train_call(self, devices: tuple[int, ...], method: str, *args: Any) -> list[Any]:
-        """One collective call on every training rank. A dead rank raises `TrainingRankDied`
-        naming its device (the group cannot finish the call without it), whatever the other
-        ranks raised (waiting at most `PEER_GRACE_S` more for them); a call past its time limit
-        raises `TimeLimitExceeded`; else the first error."""
+        """One collective call on every training rank. A dead rank, or one respawned (its new actor
+        holds no rank), raises `TrainingRankDied` naming its device, whatever the other ranks raised
+        (waiting at most `PEER_GRACE_S` more for them); past its time limit `TimeLimitExceeded`."""
         import ray
 
+        if lost := sorted(set(devices) - self.train_ranks):  # respawned since training shifted up
+            raise TrainingRankDied(lost, method)
         h = self.handles(devices)
         limit = self.limits.of(TRAIN_CALL_LIMITS.get(method, "train"), "policy")
         t0 = time.monotonic()
@@ -460,13 +461,12 @@ class Executor:
             if not ready:
                 if grace is not None:  # the survivors are stuck in a collective with the dead: no more waiting
                     break
-                raise TimeLimitExceeded(f"training {method}", list(devices), time.monotonic() - t0,
-                                        limit.seconds, limit.key)
+                raise TimeLimitExceeded(f"training {method}", list(devices), time.monotonic() - t0, limit.seconds, limit.key)
             d = pending.pop(ready[0])
             try:
                 out[d] = ray.get(ready[0])
             except Exception as e:
-                if is_dead(e):
+                if is_dead(e) or d not in self.train_ranks:  # or respawned while the call was in flight
                     dead.append(d)
                     grace = grace or time.monotonic() + PEER_GRACE_S
                 else:

@@ -200,3 +200,30 @@ def test_a_failed_weight_load_replaces_the_device_and_the_others_report_their_lo
     (d,) = ex.take_deaths()
     assert (d.device, d.role, d.slot) == (1, Role.ROLLOUT, Slot(Role.ROLLOUT, 1, 1)) and "publish" in d.why
     assert not ex.reachable(1) and 1 not in ex.serving()
+
+
+def test_a_training_call_on_a_respawned_rank_is_that_ranks_death(ex, monkeypatch):
+    """Device 2 held the trainer's only rank. Respawned (by a poll that found it dead), its new actor
+    holds no rank: the next collective call names it as a dead rank instead of sending the call;
+    and a respawn while the call is in flight turns the new actor's "no trainer rank" error into
+    the same death (the chaos soak met both as an unhandled RuntimeError)."""
+    import ray
+
+    from pivotrl.runtime.outcomes import TrainingRankDied
+
+    ex.limits = SimpleNamespace(of=lambda *a: SimpleNamespace(seconds=5.0, key="train"))
+    monkeypatch.setattr(StubActor, "train_step", SimpleNamespace(remote=lambda *a: "ref"), raising=False)
+    monkeypatch.setattr(ray, "wait", lambda refs, **k: (refs[:1], refs[1:]))
+
+    def respawned_meanwhile(ref):
+        ex.respawn(2, "poll: ActorDiedError", None)
+        raise RuntimeError("device 2 holds no trainer rank (shift training up first)")
+
+    monkeypatch.setattr(ray, "get", respawned_meanwhile)
+    with pytest.raises(TrainingRankDied) as e:
+        ex.train_call((2,), "train_step", "batch")
+    assert e.value.devices == [2]
+    monkeypatch.setattr(ray, "get", lambda ref: pytest.fail("a call reached the respawned actor"))
+    with pytest.raises(TrainingRankDied) as e:
+        ex.train_call((2,), "train_step", "batch")
+    assert e.value.devices == [2]
