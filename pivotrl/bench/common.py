@@ -51,14 +51,13 @@ def write_json(path: Path | None, name: str, rows: list[dict[str, Any]], **extra
 
 def run_ranks(target: Callable[..., None], world: int, args: Callable[[int], tuple], out: Path, what: str,
               timeout_s: float = 1800.0) -> Any:
-    """Run `target(*args(rank))` in `world` spawned processes (one per rank, torch's `spawn`
-    context) and return the JSON they leave in `out`; a RuntimeError naming `what` and the exit
-    codes if any rank failed or `out` was not written."""
-    import torch.multiprocessing as mp
+    """Run `target(*args(rank))` in `world` processes (one per rank, forked from the trainer's
+    fork server: `pivotrl.trainer.dist.rank_context`) and return the JSON they leave in `out`; a
+    RuntimeError naming `what` and the exit codes if any rank failed or `out` was not written."""
+    from pivotrl.trainer.dist import rank_process
 
     out.unlink(missing_ok=True)
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=target, args=args(r)) for r in range(world)]
+    procs = [rank_process(target, args(r)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:

@@ -37,8 +37,11 @@ API (every call blocks until all ranks finish it):
     .device_bytes() -> dict         bytes rank 0 holds in params / grads / optimizer state
     .close()                        stop the ranks (also on `with` exit and garbage collection)
 
-Spawned ranks re-import the caller's `__main__` module (multiprocessing's spawn start method), so
-a script that builds a multi-rank `Trainer` must do so under `if __name__ == "__main__":`. A hosted
+Spawned ranks re-import the caller's `__main__` module (as with multiprocessing's spawn start
+method), so a script that builds a multi-rank `Trainer` must do so under `if __name__ == "__main__":`.
+They are forked from a fork server that imported the rank's modules (torch, transformers, the
+worker) once, in the caller's first multi-rank `Trainer`, and run in the caller's environment as
+it is when the `Trainer` starts (`pivotrl.trainer.dist.rank_process`). A hosted
 rank (world_size 1) keeps this process's torch thread count, and seeds this process's torch, numpy
 and `random` generators with `cfg.seed` when built (and restores them from a checkpoint on load).
 
@@ -63,10 +66,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from pivotrl.config.trainer import TrainerSpec
-from pivotrl.trainer.dist import init_process_group, resolve_device
+from pivotrl.trainer.dist import init_process_group, rank_context, rank_process, resolve_device
 from pivotrl.trainer.train_batch import TrainBatch
 from pivotrl.trainer.trainer_checkpoint import latest_checkpoint
 
@@ -145,13 +147,13 @@ class Trainer:
         self._owns_group = False
         try:
             if self._spawn:
-                ctx = mp.get_context("spawn")
+                ctx = rank_context()
                 self._commands = [ctx.Queue() for _ in range(cfg.world_size)]
                 self._replies = ctx.Queue()
                 for r in range(cfg.world_size):
-                    p = ctx.Process(target=_rank_main, daemon=True, name=f"pivotrl-trainer-rank{r}",
-                                    args=(r, cfg, str(self.model_path), init_method, backend,
-                                          self._commands[r], self._replies))
+                    p = rank_process(_rank_main, (r, cfg, str(self.model_path), init_method, backend,
+                                                  self._commands[r], self._replies),
+                                     daemon=True, name=f"pivotrl-trainer-rank{r}")
                     p.start()
                     self._procs.append(p)
                 self._collect("start")

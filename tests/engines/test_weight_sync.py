@@ -125,16 +125,16 @@ def test_two_ranks_publish_their_own_rows_into_a_shared_gps(folder, ray_store, t
     """Two spawned FSDP2 ranks (gloo), each holding the Ray GPS handle, write only their own dim-0
     rows; the committed version equals the gathered state dict, tensor for tensor."""
     import ray
-    import torch.multiprocessing as mp
+
+    from pivotrl.trainer.dist import rank_process
 
     if "policy" not in ray_store.models():
         ray_store.register("policy", spec=_spec(folder, "float32"))
     before = ray_store.current_version("policy")
     blob = ray.cloudpickle.dumps(ray_store)
     address = ray.get_runtime_context().gcs_address
-    ctx = mp.get_context("spawn")
     out = str(tmp_path / "rank0.pt")
-    procs = [ctx.Process(target=_rank_publish, args=(r, 2, f"file://{tmp_path}/pg", address, blob, str(folder), out))
+    procs = [rank_process(_rank_publish, (r, 2, f"file://{tmp_path}/pg", address, blob, str(folder), out))
              for r in range(2)]
     for p in procs:
         p.start()

@@ -122,9 +122,8 @@ def _rank(rank: int, world: int, init: str, address: str, store_blob: bytes, fol
 
 def test_learning_parity_one_rank_and_four_ranks_through_host_memory(model_path, ray_store, tmp_path, one_rank):
     import ray
-    import torch.multiprocessing as mp
-
     from pivotrl.trainer.state_store import register_state
+    from pivotrl.trainer.dist import rank_process
     from pivotrl.trainer.trainer_worker import TrainerWorker
 
     register_state(ray_store, NAME, model_path)
@@ -133,10 +132,9 @@ def test_learning_parity_one_rank_and_four_ranks_through_host_memory(model_path,
     w1.save_state(ray_store, NAME)  # version 0: the state after one step, written by one rank
     base = _full_state(w1)
 
-    ctx = mp.get_context("spawn")
     out = str(tmp_path / "rank0.pt")
     blob, address = ray.cloudpickle.dumps(ray_store), ray.get_runtime_context().gcs_address
-    procs = [ctx.Process(target=_rank, args=(r, 4, f"file://{tmp_path}/pg4", address, blob, str(model_path), out))
+    procs = [rank_process(_rank, (r, 4, f"file://{tmp_path}/pg4", address, blob, str(model_path), out))
              for r in range(4)]
     for p in procs:
         p.start()

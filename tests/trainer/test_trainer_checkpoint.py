@@ -152,12 +152,11 @@ def _scenario(rank: int, init: str, model_path: str, root: str, out: str) -> Non
 
 @pytest.fixture(scope="module")
 def two_ranks(model_path, tmp_path_factory):
-    import torch.multiprocessing as mp
+    from pivotrl.trainer.dist import rank_process
 
     tmp = tmp_path_factory.mktemp("ckpt_async2")
     root, out = tmp / "ckpts", tmp / "rank0.pt"
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_scenario, args=(r, f"file://{tmp}/pg", str(model_path), str(root), str(out)))
+    procs = [rank_process(_scenario, (r, f"file://{tmp}/pg", str(model_path), str(root), str(out)))
              for r in range(2)]
     for p in procs:
         p.start()
