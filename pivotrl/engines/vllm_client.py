@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
+import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
@@ -69,8 +71,15 @@ def one_process_cpu_engine() -> Iterator[None]:
     log = logging.getLogger("vllm.engine.arg_utils")
     if _not_the_seed_warning not in log.filters:
         log.addFilter(_not_the_seed_warning)
-    key, before = "VLLM_ENABLE_V1_MULTIPROCESSING", os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ[key] = "0"
+    with _environ_set("VLLM_ENABLE_V1_MULTIPROCESSING", "0"):
+        yield
+
+
+@contextlib.contextmanager
+def _environ_set(key: str, value: str) -> Iterator[None]:
+    """`os.environ[key] = value` while open; the variable's previous state after."""
+    before = os.environ.get(key)
+    os.environ[key] = value
     try:
         yield
     finally:
@@ -135,6 +144,10 @@ class VLLMClient:
         self.executor_backend = ""
         """How the started engine runs its ranks (vLLM's `distributed_executor_backend`): "uni" inside
         the engine-core process, "mp" in processes of their own."""
+        self.ipc_dir: Path | None = None
+        """The folder of the started engine's ZMQ sockets (vLLM's `VLLM_RPC_BASE_PATH`, read as it
+        starts), removed when it stops: vLLM leaves its socket files behind, and in the system
+        temp folder, where each start left a few (the test suite: ~170)."""
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="vllm-loop", daemon=True)
         self._thread.start()
@@ -158,8 +171,19 @@ class VLLMClient:
         if cfg.num_threads:
             os.environ["OMP_NUM_THREADS"] = str(cfg.num_threads)
         one_process = self.tensor_parallel_size == 1 and _vllm_cpu_build()
-        with one_process_cpu_engine() if one_process else contextlib.nullcontext():
-            self.run(self._astart(model_path), timeout=cfg.vllm_start_timeout_s)
+        self.ipc_dir = Path(tempfile.mkdtemp(prefix="pivotrl-vllm-ipc-"))
+        try:
+            with _environ_set("VLLM_RPC_BASE_PATH", str(self.ipc_dir)), \
+                    one_process_cpu_engine() if one_process else contextlib.nullcontext():
+                self.run(self._astart(model_path), timeout=cfg.vllm_start_timeout_s)
+        except BaseException:
+            self._remove_ipc_dir()
+            raise
+
+    def _remove_ipc_dir(self) -> None:
+        ipc_dir, self.ipc_dir = self.ipc_dir, None
+        if ipc_dir is not None:
+            shutil.rmtree(ipc_dir, ignore_errors=True)
 
     async def _astart(self, model_path: Path) -> None:
         try:
@@ -180,11 +204,14 @@ class VLLMClient:
             llm.shutdown()
 
         llm, self.llm = self.llm, None
-        if llm is not None:
-            if self.loop.is_running():
-                self.run(stop(llm), timeout=120)
-            else:
-                llm.shutdown()
+        try:
+            if llm is not None:
+                if self.loop.is_running():
+                    self.run(stop(llm), timeout=120)
+                else:
+                    llm.shutdown()
+        finally:
+            self._remove_ipc_dir()
 
     def can_wait_on_loop(self) -> bool:
         """False when called on the loop thread itself (e.g. garbage collection there) or after the
@@ -197,6 +224,7 @@ class VLLMClient:
             llm, self.llm = self.llm, None  # the client's own shutdown does the rest
             if llm is not None:
                 llm.shutdown()
+            self._remove_ipc_dir()
             return
         self.stop()
         if self.loop.is_running():

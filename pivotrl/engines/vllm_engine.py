@@ -132,6 +132,11 @@ class VLLMEngine:
         """Where the started engine's ranks run: "uni" (inside its engine-core process) or "mp"."""
         return self._client.executor_backend
 
+    @property
+    def ipc_dir(self) -> Path | None:
+        """The running engine process's socket folder (None while stopped): `VLLMClient.ipc_dir`."""
+        return self._client.ipc_dir
+
     def engine_args(self) -> Any:
         """vLLM's `AsyncEngineArgs` for this engine (what the default client factory starts)."""
         return async_engine_args(self.model_path, self.cfg, self.max_model_len, self._requested_tp, self.sleep_mode,

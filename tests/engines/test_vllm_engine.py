@@ -231,10 +231,14 @@ def test_release_and_reacquire_memory(veng, cpu_ref, prompts):
     cfg = veng.cfg
     veng.cfg = dataclasses.replace(cfg, vllm_release_fallback="restart")
     try:
+        sockets = veng.ipc_dir
+        assert sockets.parent != veng.model_path and any(sockets.iterdir()), "the engine's ZMQ sockets"
         veng.release_memory()  # the engine process stops
         assert veng.stats().memory_released
+        assert veng.ipc_dir is None and not sockets.exists(), "its socket folder went with it"
         times = veng.reacquire_memory()
         assert times["restart_s"] > 0 and veng.stats().version == 0
+        assert veng.ipc_dir.is_dir() and veng.ipc_dir != sockets
         assert [c.token_ids for c in veng.generate(_reqs(prompts, base=600))] == cpu_ref
     finally:
         veng.cfg = cfg
