@@ -7,7 +7,8 @@ File map:
   cpu_batch.py    its running batch: one left-padded KV cache, batched prefill/decode, sampling
   hf_model.py     Hugging Face folders -> model, tokenizer, EOS ids; weights loaded in place
   vllm_engine.py  VLLMEngine: the protocol over vLLM AsyncLLM (streams, abort/resume, weights, sleep/wake)
-  vllm_client.py  the AsyncLLM process on a background loop thread: start/stop, calls into the workers
+  vllm_client.py  the AsyncLLM process on a background loop thread: start/stop (its sockets in a folder of
+                  its own), calls into the workers
   vllm_worker.py  the worker extension vLLM mixes into its workers (weight loads by file / GPS file)
   vllm_stats.py   vLLM stat logger -> iteration and prefill samples
   errors.py       EngineFailedError / EngineWakeError / EngineLoadError (failed wake or load)

@@ -11,7 +11,7 @@ File map:
   batching.py            micro-batches by count or by padded tokens (dynamic batch size)
   offload.py             offload/reload of device storages via reused (pinned) host buffers; CUDA flush
   memory.py              peak training memory per rank by arithmetic; check_fits (pure Python)
-  dist.py                process groups and devices of the ranks
+  dist.py                process groups and devices of the ranks, and the processes they start in
   state_store.py         the whole state in host memory (a GPS model) any world size reads (elastic training)
   row_write.py           the collective GPS row write the publish and the state store share
 
