@@ -42,7 +42,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal, Self
+from typing import Any, Callable, Iterable, Literal, Mapping, Self
 
 import numpy as np
 
@@ -349,6 +349,25 @@ class Dispatcher:
             rep = self.replicas[where]
             rep._k += delta
             self._refresh(self._pos[where])
+
+    def progress_replica(self, replica_id: str, generated: Mapping[int, int]) -> None:
+        """`progress` for sequences running on `replica_id`, with one refresh of the replica's
+        terms for all of them (an engine's report names most of its sequences)."""
+        self._no_clone("progress")
+        rep = self._replica(replica_id)
+        delta = 0
+        for seq_id, count in generated.items():
+            seq = rep.running.get(seq_id)
+            if seq is None:
+                raise ValueError(f"progress_replica({replica_id!r}): seq {seq_id} is not running there")
+            if count < seq.generated:
+                raise ValueError(f"progress(seq {seq_id}): generated may not decrease "
+                                 f"({seq.generated} -> {count})")
+            delta += count - seq.generated
+            seq.generated = count
+        if delta:
+            rep._k += delta
+            self._refresh(self._pos[replica_id])
 
     def advance(self, replica_id: str, tokens: int) -> None:
         """Every sequence running on `replica_id` generated `tokens` more (a decode stretch)."""

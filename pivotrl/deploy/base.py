@@ -273,11 +273,12 @@ class Controller:
                 common = min(d for _, d in deltas)
                 if common > 0:
                     s.advance(rid, common)
-                for seq, d in deltas:
-                    # a one-token lag is noise (engines report mid-iteration); it is caught up on
-                    # the next report, so counts stay within a token of the truth and never drop
-                    if d > max(common, 0) + 1:
-                        s.progress(seq.seq_id, seq.generated + d - max(common, 0))
+                base = max(common, 0)
+                # a one-token lag is noise (engines report mid-iteration); it is caught up on the
+                # next report, so counts stay within a token of the truth and never drop
+                ahead = {seq.seq_id: seq.generated + d - base for seq, d in deltas if d > base + 1}
+                if ahead:
+                    s.progress_replica(rid, ahead)
 
     # ------------------------------------------------------------------ pipeline
     def _on_start(self, ev: Start) -> list[Action]:

@@ -272,7 +272,9 @@ class SimReplica:
 
     def snapshot(self) -> dict[int, int]:
         """seq_id -> generated tokens now (paused sequences included)."""
-        out = {sid: self.generated(sid) for sid in self.runs}
+        # `generated` of each, inlined: this runs on every report, over every running sequence
+        iters, floor = self.iters, math.floor
+        out = {sid: min(r.target, r.gen0 + floor(iters - r.iter0 + _EPS)) for sid, r in self.runs.items()}
         out.update((sid, p[1]) for sid, p in self.paused.items())
         return out
 

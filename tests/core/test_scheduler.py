@@ -170,6 +170,29 @@ def test_progress_never_decreases_and_advance_updates_k():
     s.check_invariants()
 
 
+def test_progress_of_a_replica_at_once_equals_progress_one_by_one():
+    a, b = make(2), make(2)
+    for s in (a, b):
+        s.submit(seqs(6))
+        s.dispatch()
+    on_r0 = [sid for sid in range(6) if a.where(sid) == "r0"]
+    counts = {sid: 3 + sid for sid in on_r0}
+    for sid, c in counts.items():
+        a.progress(sid, c)
+    b.progress_replica("r0", counts)
+    assert [b.get(sid).generated for sid in range(6)] == [a.get(sid).generated for sid in range(6)]
+    assert b.replicas["r0"].k == a.replicas["r0"].k == 100 * len(on_r0) + sum(counts.values())
+    for s in (a, b):  # the replica's refreshed terms steer the next placements alike
+        s.submit(seqs(4, start=6, prompt=400))
+    assert b.dispatch() == a.dispatch() != []
+    b.check_invariants()
+    with pytest.raises(ValueError, match="may not decrease"):
+        b.progress_replica("r0", {on_r0[0]: 0})
+    elsewhere = next(sid for sid in range(6) if a.where(sid) != "r0")
+    with pytest.raises(ValueError, match=f"seq {elsewhere} is not running there"):
+        b.progress_replica("r0", {elsewhere: 50})
+
+
 def test_shift_down_moves_everything_to_the_rest():
     s = make(3)
     s.submit(seqs(9))
