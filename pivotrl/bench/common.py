@@ -52,7 +52,7 @@ def write_json(path: Path | None, name: str, rows: list[dict[str, Any]], **extra
 def run_ranks(target: Callable[..., None], world: int, args: Callable[[int], tuple], out: Path, what: str,
               timeout_s: float = 1800.0) -> Any:
     """Run `target(*args(rank))` in `world` processes (one per rank, forked from the trainer's
-    fork server: `pivotrl.trainer.dist.rank_context`) and return the JSON they leave in `out`; a
+    fork server: `pivotrl.trainer.dist.rank_process`) and return the JSON they leave in `out`; a
     RuntimeError naming `what` and the exit codes if any rank failed or `out` was not written."""
     from pivotrl.trainer.dist import rank_process
 
