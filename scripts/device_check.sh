@@ -12,7 +12,7 @@
 #                    engine iteration samples and the throughput-model fit, sleep/wake and shift
 #                    up/down times (pivotrl/bench/device_check.py)
 #   3 pytest_gpu     pytest_gpu.xml: `pytest -m gpu` over the test files that mark tests `gpu`
-#                    (skipped tests without CUDA; collecting the whole suite took ~10 s more)
+#                    (skipped tests without CUDA; collecting the whole suite took ~5 s more on CPU)
 #   4 run_colocated  run_colocated.json + run_colocated/: 3 steps of `python train.py cluster=ray
 #                    cluster.address=local cluster.num_devices=1 deploy=colocated`: the GPU is the one
 #                    device; both vLLM engines and the trainer take turns on it

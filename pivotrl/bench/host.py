@@ -1,9 +1,9 @@
 """`python -m pivotrl.bench host [--json PATH] [--steps N]`: how fast this host is for the work the
 test suite and the bootstrap do, so that wall times taken on different hosts (or hours of a shared
 one) can be compared: CPU-seconds per step of the bootstrap's GenRM SFT (batches of 64 judged
-examples of the default recipe, one torch thread), over `--steps` steps. The shipped bootstrap
-was built at 0.37 s a step (its report: 148.7 s for 400 steps); BENCHMARKS.md, "Test suite",
-gives each suite time with this figure beside it.
+examples of the default recipe, one torch thread), over `--steps` steps, beside the seconds per
+step the shipped bootstrap's report gives for its own build (wall time of one thread on a quiet
+machine); BENCHMARKS.md, "Test suite", gives each suite time with this figure beside it.
 """
 from __future__ import annotations
 
@@ -38,14 +38,27 @@ def sft_step_cpu_s(steps: int) -> float:
         torch.set_num_threads(threads)
 
 
+def shipped_step_s() -> float:
+    """Seconds per GenRM SFT step where the shipped bootstrap was built (its report)."""
+    import json
+
+    from pivotrl.config.rl import BootstrapConfig, DataConfig
+    from pivotrl.models.bootstrap import cache_key
+    from pivotrl.models.shipped import SHIPPED
+
+    r = json.loads((SHIPPED / cache_key(BootstrapConfig(), DataConfig()) / "report.json").read_text())
+    return r["genrm_sft_seconds"] / r["config"]["genrm_steps"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=10, help="measured steps (after one warm-up)")
+    p.add_argument("--steps", type=int, default=10, help="SFT steps measured")
     a = p.parse_args(argv)
     if a.steps < 1:
         p.error(f"--steps must be >= 1, got {a.steps}")
-    rows = [{"probe": "GenRM SFT step, 1 thread", "cpu_s_per_step": sft_step_cpu_s(a.steps), "steps": a.steps}]
-    print_table(rows, "host speed (lower is faster; the shipped bootstrap's host: 0.37)")
+    rows = [{"probe": "GenRM SFT step, 1 thread", "cpu_s_per_step": sft_step_cpu_s(a.steps), "steps": a.steps,
+             "shipped_build_s_per_step": shipped_step_s()}]
+    print_table(rows, "host speed (lower is faster)")
     write_json(a.json, "host", rows)
     return 0
 

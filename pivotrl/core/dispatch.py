@@ -92,6 +92,12 @@ class Move:
     replica_id: str
 
 
+def _check_progress(seq: Sequence, generated: int) -> None:
+    if generated < seq.generated:
+        raise ValueError(f"progress(seq {seq.seq_id}): generated may not decrease "
+                         f"({seq.generated} -> {generated})")
+
+
 class Dispatcher:
     """Shared priority queue + throughput-maximising dispatch over a role's active replicas."""
 
@@ -337,18 +343,14 @@ class Dispatcher:
         """Set a sequence's generated-token count (never lower than before)."""
         self._no_clone("progress")
         seq = self._seq(seq_id)
-        if generated < seq.generated:
-            raise ValueError(f"progress(seq {seq_id}): generated may not decrease "
-                             f"({seq.generated} -> {generated})")
-        delta = generated - seq.generated
-        seq.generated = generated
         where = self._where[seq_id]
-        if where == QUEUE and delta:
+        if where != QUEUE:
+            self.progress_replica(where, {seq_id: generated})
+            return
+        _check_progress(seq, generated)
+        if generated != seq.generated:
+            seq.generated = generated
             self._queue.note_length(seq)
-        if where != QUEUE and delta:
-            rep = self.replicas[where]
-            rep._k += delta
-            self._refresh(self._pos[where])
 
     def progress_replica(self, replica_id: str, generated: Mapping[int, int]) -> None:
         """`progress` for sequences running on `replica_id`, with one refresh of the replica's
@@ -360,9 +362,7 @@ class Dispatcher:
             seq = rep.running.get(seq_id)
             if seq is None:
                 raise ValueError(f"progress_replica({replica_id!r}): seq {seq_id} is not running there")
-            if count < seq.generated:
-                raise ValueError(f"progress(seq {seq_id}): generated may not decrease "
-                                 f"({seq.generated} -> {count})")
+            _check_progress(seq, count)
             delta += count - seq.generated
             seq.generated = count
         if delta:

@@ -40,7 +40,7 @@ API (every call blocks until all ranks finish it):
 Spawned ranks re-import the caller's `__main__` module (as with multiprocessing's spawn start
 method), so a script that builds a multi-rank `Trainer` must do so under `if __name__ == "__main__":`.
 They are forked from a fork server that imported the rank's modules (torch, transformers, the
-worker) once, in the caller's first multi-rank `Trainer`, and run in the caller's environment as
+worker) once, when this process first started a rank, and run in the caller's environment as
 it is when the `Trainer` starts (`pivotrl.trainer.dist.rank_process`). A hosted
 rank (world_size 1) keeps this process's torch thread count, and seeds this process's torch, numpy
 and `random` generators with `cfg.seed` when built (and restores them from a checkpoint on load).

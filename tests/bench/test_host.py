@@ -16,6 +16,7 @@ def test_host_probe_times_a_genrm_sft_step(tmp_path, capsys):
     assert main(["--json", str(out), "--steps", "2"]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert row["steps"] == 2 and row["cpu_s_per_step"] > 0
+    assert 0.1 < row["shipped_build_s_per_step"] < 2.0  # the shipped report's genrm SFT seconds / steps
     assert "GenRM SFT step" in capsys.readouterr().out
     assert torch.get_num_threads() == threads
 
