@@ -302,15 +302,25 @@ class Executor:
             raise TrainingStateLost(f"a trainer rank's state was lost with its device at policy version "
                                     f"{version}, and this executor has no checkpoint to rebuild it from")
         self.train_recovery(version)
-        survivors = sorted(self.train_ranks)
-        self.limits.get([actor.drop_role.remote(Role.TRAIN.value) for actor, _ in self.handles(survivors).values()],
-                        "call", "dropping the lost trainer's ranks", survivors)
+        # Drop the rank of every survivor and of `slot`'s own devices: one of these may hold a rank
+        # of the lost trainer from this very shift (a poll on another thread respawned a rank and
+        # flagged the loss after the up call had read the fresh actor's handle, so that actor took a
+        # rank before the flag was read). A dead one holds nothing: its next call respawns it.
+        with self._lock:
+            holders = sorted(self.train_ranks | set(slot.devices))
+        refs = {d: actor.drop_role.remote(Role.TRAIN.value) for d, (actor, _) in self.handles(holders).items()}
+        for d, ref in refs.items():
+            try:
+                self.limits.get(ref, "call", "dropping the lost trainer's rank", d)
+            except Exception as e:
+                if not is_dead(e):
+                    raise
         self.train_ranks.clear()
         for d in slot.devices:
             if self.role_of.get(d) == Role.TRAIN:
                 self.role_of[d] = None
         self.train_state_lost = False
-        self.recoveries.append({"version": int(version), "devices": list(slot.devices), "dropped": survivors})
+        self.recoveries.append({"version": int(version), "devices": list(slot.devices), "dropped": holders})
         log.warning("training state lost with a device: rebuilding ranks %s from the checkpoint at version %d",
                     list(slot.devices), version)
 

@@ -1,7 +1,8 @@
 """Executor death bookkeeping without Ray actors (spawn_device replaced by a stub): each death is
 recorded once whichever call finds it, a stale handle's second report is ignored, a device that
-lost an inference role is unreachable until re-hosted, crash loops are flagged by the window, and
-a lost trainer state is recovered only from a checkpoint at the policy's version."""
+lost an inference role is unreachable until re-hosted, crash loops are flagged by the window, a
+lost trainer state is recovered only from a checkpoint at the policy's version, and its rebuild
+drops every rank of the lost trainer (one a poll respawned in mid-shift included)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -11,7 +12,7 @@ import pytest
 import pivotrl.runtime.executor as executor
 from pivotrl.runtime.cluster import ClusterSpec
 from pivotrl.runtime.outcomes import TrainingStateLost
-from pivotrl.core.types import Role, Slot
+from pivotrl.core.types import Role, ShiftPlan, Slot
 
 
 class StubActor:
@@ -227,3 +228,114 @@ def test_a_training_call_on_a_respawned_rank_is_that_ranks_death(ex, monkeypatch
     with pytest.raises(TrainingRankDied) as e:
         ex.train_call((2,), "train_step", "batch")
     assert e.value.devices == [2]
+
+
+class _Call:
+    """An actor method of `DeviceStub`: `.remote(...)` runs it at once; its "ref" is the result (an
+    exception instance: the call failed, and `ray.get` raises it: `_get`)."""
+
+    def __init__(self, fn):
+        self.remote = fn
+
+
+class DeviceStub:
+    """A device actor's role bookkeeping as `DeviceWorker` keeps it: the roles it holds, the active
+    one, and its refusal to shift a role up that is already active."""
+
+    def __init__(self, device, generation):
+        self.device, self.generation = device, generation
+        self.held: set[Role] = set()
+        self.active: Role | None = None
+        self.shift_up = _Call(self._shift_up)
+        self.shift_down = _Call(self._shift_down)
+        self.drop_role = _Call(self._drop_role)
+
+    def _shift_up(self, spec, weights, version):
+        if self.active == spec.role:
+            raise RuntimeError(f"device {self.device}: shift_up({spec.role.value}) while "
+                               f"{spec.role.value} is active; shift it down first")
+        self.held.add(spec.role)
+        self.active = spec.role
+
+    def _shift_down(self):
+        if self.active in INFERENCE:
+            self.held.discard(self.active)
+        self.active = None
+
+    def _drop_role(self, role):
+        r = Role(role)
+        if r not in self.held:
+            return False
+        self.held.discard(r)
+        self.active = None if self.active == r else self.active
+        return True
+
+
+INFERENCE = (Role.ROLLOUT, Role.REWARD)
+
+
+def _get(ref, timeout=None):
+    if isinstance(ref, BaseException):
+        raise ref
+    return ref
+
+
+@pytest.fixture
+def stub_ex(monkeypatch):
+    """An executor over three `DeviceStub`s; device 1 is a training home lent to rollout (it keeps
+    its offloaded rank), and a lost trainer is rebuilt (from a checkpoint at version 0)."""
+    import ray
+
+    monkeypatch.setattr(executor, "spawn_device", lambda cluster, d, g=0: DeviceStub(d, g))
+    monkeypatch.setattr(ray, "kill", lambda actor, **k: None)
+    monkeypatch.setattr(ray, "get", _get)
+    cluster = SimpleNamespace(spec=ClusterSpec(kind="local", num_devices=3), devices={})
+    e = executor.Executor(cluster, specs=lambda slot, i: SimpleNamespace(role=slot.role, leader=None),
+                          params=SimpleNamespace(version=lambda model: 0), model_of={},
+                          train_recovery=lambda version: None)
+    lent = e.actors[1]
+    lent.held, lent.active = {Role.TRAIN, Role.ROLLOUT}, Role.ROLLOUT
+    e.role_of[1], e.hosted[1] = Role.ROLLOUT, Slot(Role.ROLLOUT, 1, 1)
+    e.train_ranks.add(1)
+    return e
+
+
+def test_a_rank_respawned_by_a_poll_during_its_shift_up_is_rebuilt_once(stub_ex, monkeypatch):
+    """Chaos kills the lent home as it shifts back to training and the poll thread respawns it
+    (flagging the trainer's state lost) before the shift reads its handle: the fresh actor takes
+    the rank, so the rebuild from the checkpoint drops that rank before shifting up again (the
+    chaos soak once stopped here: `shift_up(train) while train is active`)."""
+    ex = stub_ex
+
+    def poll_finds_it_dead(phase, device, actor):
+        if phase == "shift_up":
+            assert ex.respawn(device, "poll: ActorDiedError", ex.handle(device)[1])
+
+    monkeypatch.setattr(executor, "point", poll_finds_it_dead)
+    res = ex.run_shift(ShiftPlan(Role.TRAIN, up=[Slot(Role.TRAIN, 1, 1)], down=[Slot(Role.ROLLOUT, 1, 1)]))
+    assert res.error is None, res.error
+    fresh = ex.actors[1]
+    assert fresh.generation == 1 and fresh.active == Role.TRAIN and fresh.held == {Role.TRAIN}
+    assert ex.recoveries == [{"version": 0, "devices": [1], "dropped": [1]}]
+    assert ex.train_ranks == {1} and ex.role_of[1] == Role.TRAIN and not ex.train_state_lost
+
+
+def test_a_rebuild_passes_over_a_dead_rank(stub_ex, monkeypatch):
+    """A surviving rank found dead while the rebuild drops the lost trainer's ranks holds nothing to
+    drop: the rebuild goes on (that device's next call respawns it)."""
+    ex = stub_ex
+    ex.train_ranks.add(2)
+
+    ex.actors[2].drop_role = _Call(lambda role: ray_actor_died())
+    ex.respawn(0, "poll", None)
+    ex.train_state_lost = True
+    res = ex.run_shift(ShiftPlan(Role.TRAIN, up=[Slot(Role.TRAIN, 0, 1)]))
+    assert res.error is None, res.error
+    assert ex.recoveries[-1]["dropped"] == [0, 1, 2] and ex.actors[1].held == {Role.ROLLOUT}
+    assert ex.actors[0].active == Role.TRAIN
+
+
+def ray_actor_died():
+    import ray
+
+    return ray.exceptions.ActorDiedError()
