@@ -5,6 +5,7 @@
   and every package has its test folder.
 - No import cycles between the project's modules, counting deferred (function-level) imports too:
   a deferred import hides a cycle from Python, not from a reader.
+- No module of the package is over `MAX_LINES` lines (issue 20: a longer one is split along its seams).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "pivotrl"
 CROSS = {"e2e", "artifact"}
+MAX_LINES = 500
 
 
 def test_tests_mirror_the_package():
@@ -24,6 +26,11 @@ def test_tests_mirror_the_package():
     assert not folders - packages - CROSS, f"test folders with no package: {sorted(folders - packages - CROSS)}"
     for f in (ROOT / "tests").glob("test_*.py"):
         assert f.stem.removeprefix("test_") in modules | {"structure"}, f"{f.name}: no pivotrl/{f.stem[5:]}.py"
+
+
+def test_no_module_is_over_the_line_limit():
+    long = {str(p.relative_to(ROOT)): n for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them along their seams): {long}"
 
 
 def _module_imports(path: Path) -> set[str]:

@@ -13,21 +13,19 @@ Owns (parameters for shift up come from `params.ParamSource`, the GPS):
   back holding no role) and records one `Death` (`take_deaths`, each death once, whichever call
   found it). Every call reads its actor and that actor's generation together (`handle`) and passes
   the generation to `respawn`, so a call that failed on an actor already replaced (the other call
-  found the death first) never kills the fresh one; the runtime puts that device's sequences back in
-  the queue with their last reported tokens. Until the runtime re-hosts it (`rehost`) or a shift brings it up, no move
-  reaches the fresh actor: a device that lost an inference role is `unhosted`, and moves to it are
-  left out (its sequences are the runtime's to re-queue). A dead device during a shift is shifted
-  up again on its fresh actor (a shift down of a dead device is trivially complete).
+  found the death first) never kills the fresh one; the runtime puts that device's sequences back
+  in the queue with their last reported tokens. Until the runtime re-hosts it (`rehost`) or a shift
+  brings it up, no move reaches the fresh actor (it is `unhosted`; its sequences are the runtime's
+  to re-queue). A dead device during a shift is shifted up again on its fresh actor.
 - Training state: the devices whose actors hold a trainer rank, active or offloaded
   (`train_ranks`). If one of them dies, the trainer's state is gone from that rank; the next
-  training shift up first rebuilds every rank from the checkpoint at the policy's current version
-  (`train_recovery`, the launch's), or fails naming the checkpoint it lacks. Never a silent start
-  from the base model.
+  training shift up drops every rank it may still hold and rebuilds them from the checkpoint at
+  the policy's current version (`train_recovery`, the launch's), or fails naming the checkpoint it
+  lacks. Never a silent start from the base model.
 - Crash loops: a device that died more than `max_respawns` times within `respawn_window_s` is
   flagged (`Death.crash_loop`); the runtime then `retire`s it (it leaves the pool).
 - Time limits (`limits.py`): an inference device past its call's limit is replaced as a dead one
   is; a training call past it, or a device past it twice in one shift, raises `TimeLimitExceeded`.
-
 - Replicas of several devices (`tp` > 1): the slot's first device runs the engine across the
   slot (`roles.EnginePlacement`, read from the device actors' cores and accelerator ids at shift
   up), the others host a `roles.MemberHost`. Moves, polls and weight loads go to the first device
@@ -73,8 +71,7 @@ class Executor:
                  model_of: dict[Role, str], max_respawns: int = 3, respawn_window_s: float = 600.0,
                  train_recovery: Callable[[int], None] | None = None, limits: Limits | None = None) -> None:
         self.cluster = cluster
-        self.limits = limits if limits is not None else Limits()
-        """The time limit of every call into a device actor (the defaults' floors when not given)."""
+        self.limits = limits if limits is not None else Limits()  # of every call into a device actor
         # devices sharing GPUs (`cluster.devices_per_gpu`): every shift call (of any plan, and
         # re-hosts) runs alone, so no two engines start on a GPU at once (cluster.py says why)
         self.one_at_a_time = cluster.spec.devices_per_gpu > 1
@@ -296,16 +293,15 @@ class Executor:
 
     def _recover_training(self, slot: Slot) -> None:
         """A trainer rank's state died: rebuild every rank of `slot` from the checkpoint at the
-        policy's current version (the launch's `train_recovery` points the specs at it, or raises)."""
+        policy's current version (the launch's `train_recovery` points the specs at it, or raises).
+        First every survivor and every device of `slot` drops its rank (one may have taken a rank of
+        the lost trainer in this very shift: a poll respawned it, flagging the loss, after the up
+        call had read the fresh handle); a dead one holds nothing (its next call respawns it)."""
         version = self.params.version("policy")
         if self.train_recovery is None:
             raise TrainingStateLost(f"a trainer rank's state was lost with its device at policy version "
                                     f"{version}, and this executor has no checkpoint to rebuild it from")
         self.train_recovery(version)
-        # Drop the rank of every survivor and of `slot`'s own devices: one of these may hold a rank
-        # of the lost trainer from this very shift (a poll on another thread respawned a rank and
-        # flagged the loss after the up call had read the fresh actor's handle, so that actor took a
-        # rank before the flag was read). A dead one holds nothing: its next call respawns it.
         with self._lock:
             holders = sorted(self.train_ranks | set(slot.devices))
         refs = {d: actor.drop_role.remote(Role.TRAIN.value) for d, (actor, _) in self.handles(holders).items()}
@@ -316,13 +312,10 @@ class Executor:
                 if not is_dead(e):
                     raise
         self.train_ranks.clear()
-        for d in slot.devices:
-            if self.role_of.get(d) == Role.TRAIN:
-                self.role_of[d] = None
+        self.role_of.update({d: None for d in slot.devices if self.role_of.get(d) == Role.TRAIN})
         self.train_state_lost = False
         self.recoveries.append({"version": int(version), "devices": list(slot.devices), "dropped": holders})
-        log.warning("training state lost with a device: rebuilding ranks %s from the checkpoint at version %d",
-                    list(slot.devices), version)
+        log.warning("training state lost: rebuilding ranks %s from the checkpoint at version %d", list(slot.devices), version)
 
     def _shift_limit(self, role: Role | None) -> Limit:
         """A shift half's limit on a device of `role` (its model's size; None: the policy's)."""
@@ -359,10 +352,9 @@ class Executor:
         res = ShiftResult(plan)
         try:
             t0 = time.perf_counter()
-            for s in plan.down:
-                for d in s.devices:
-                    point("shift_down", d, self.handle(d)[0])
             downs = {d: (lambda actor: actor.shift_down.remote()) for s in plan.down for d in s.devices}
+            for d in downs:
+                point("shift_down", d, self.handle(d)[0])
             timings = self._call_all(downs, "shift_down", res, retry=None,
                                      roles={d: s.role for s in plan.down for d in s.devices})
             t1 = time.perf_counter()
@@ -408,11 +400,9 @@ class Executor:
                     reported = t.detail.get("kv_capacity_tokens") if isinstance(t, ShiftTiming) else None
                     res.kv_capacity[s.slot_id] = int(reported or self.specs(s, 0).engine.settings.kv_capacity_tokens)
             res.seconds = (t1 - t0, t2 - t1)
-            for d, t in list(timings.items()) + list(up_t.items()):
-                if isinstance(t, ShiftTiming):
-                    res.timings.append({"device": d, "role": t.role, "direction": t.direction,
-                                        "seconds": t.seconds, "cold": t.cold, "version": t.version,
-                                        **{k: v for k, v in t.detail.items()}})
+            res.timings = [{"device": d, "role": t.role, "direction": t.direction, "seconds": t.seconds,
+                            "cold": t.cold, "version": t.version, **t.detail}
+                           for d, t in [*timings.items(), *up_t.items()] if isinstance(t, ShiftTiming)]
             res.measured = measured_shift_seconds(res.timings)
             self.shift_log.append({"role_up": plan.role_up.value, "down_s": res.seconds[0], "up_s": res.seconds[1],
                                    "timings": res.timings})
