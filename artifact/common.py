@@ -18,26 +18,15 @@ MODEL_GROUPS = ["qwen1.5b_glm9b", "qwen7b_qwen30b", "qwen32b_qwen30b", "qwen72b_
 MODES = ["colocated", "disaggregated", "rr_colocated", "pivot"]
 
 
-def compose(overrides: list[str]) -> Any:
-    from hydra import compose as hcompose
-    from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from pivotrl.config import register_configs
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        return OmegaConf.to_object(hcompose("config", overrides=overrides))
-
-
 def run_one(overrides: list[str], run_dir: Path) -> dict[str, Any]:
     """Run one config into `run_dir` (reusing a finished run there) and return its summary."""
+    from pivotrl.config import compose_config
     from pivotrl.run import run
 
     summary_path = run_dir / "summary.json"
     if summary_path.exists():
         return json.loads(summary_path.read_text())
-    cfg = compose(overrides + ["logging.wandb_mode=disabled", "logging.progress=false"])
+    cfg = compose_config(overrides + ["logging.wandb_mode=disabled", "logging.progress=false"])
     run(cfg, run_dir)
     return json.loads(summary_path.read_text())
 

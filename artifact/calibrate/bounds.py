@@ -25,10 +25,10 @@ EXPECTED = ROOT / "artifact" / "expected" / "fig9.json"
 
 
 def implied_mfu(group: str, paper_tokens_per_s: float, overrides: list[str] | None = None) -> dict[str, float]:
-    from pivotrl.bench.sim import load_config
+    from pivotrl.config import compose_config
     from pivotrl.sim.workload import Workload
 
-    cfg = load_config(["experiment=fig9", f"models={group}", "deploy=disaggregated", *(overrides or [])])
+    cfg = compose_config(["experiment=fig9", f"models={group}", "deploy=disaggregated", *(overrides or [])])
     m, hw, sim = cfg.models, cfg.cluster.hardware, cfg.models.sim
     wl = Workload(m.workload, cfg.seed, cfg.train.prompts_per_step, cfg.train.group_size, sim.step_offset)
     steps = range(1, cfg.train.steps)
@@ -50,11 +50,11 @@ def implied_mfu(group: str, paper_tokens_per_s: float, overrides: list[str] | No
 
 def stage_seconds(group: str, mode: str) -> dict[str, float]:
     """Mean per-step rollout, reward, training and step seconds over the measured steps."""
-    from pivotrl.bench.sim import load_config
+    from pivotrl.config import compose_config
     from pivotrl.sim.runtime import SimDriver, SimSetup
     from pivotrl.sim.sweep import paper_allocation
 
-    cfg = load_config(["experiment=fig9", f"models={group}", f"deploy={mode}", "logging.wandb_mode=disabled",
+    cfg = compose_config(["experiment=fig9", f"models={group}", f"deploy={mode}", "logging.wandb_mode=disabled",
                        "logging.progress=false"])
     rt = SimDriver(SimSetup.from_config(cfg, paper_allocation(cfg)))
     s = rt.run()

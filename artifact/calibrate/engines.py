@@ -94,9 +94,9 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 
 
 def load(overrides: list[str]):
-    from pivotrl.bench.sim import load_config
+    from pivotrl.config import compose_config
 
-    return load_config(["cluster=sim", *overrides])
+    return compose_config(["cluster=sim", *overrides])
 
 
 def models() -> dict[str, Any]:

@@ -24,11 +24,11 @@ MODES = ["colocated", "disaggregated", "rr_colocated", "pivot"]
 
 def point(group: str, mode: str, extra: list[str]) -> dict[str, Any]:
     """One simulated run of `mode` at Table 4 (colocated: every device) with its stage seconds."""
-    from pivotrl.bench.sim import load_config
+    from pivotrl.config import compose_config
     from pivotrl.sim.runtime import SimDriver, SimSetup
     from pivotrl.sim.sweep import paper_allocation
 
-    cfg = load_config([*overrides(group, mode, {}), *extra])
+    cfg = compose_config([*overrides(group, mode, {}), *extra])
     rt = SimDriver(SimSetup.from_config(cfg, paper_allocation(cfg) if mode != "colocated" else {}))
     s = rt.run()
     rows = rt.rec.rows[rt.s.warmup:] or rt.rec.rows

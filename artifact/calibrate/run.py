@@ -120,12 +120,12 @@ def overrides(group: str, mode: str, values: dict[str, float], extra: tuple[str,
 
 def simulate_one(args: tuple[str, str, tuple[tuple[str, float], ...], tuple[str, ...]]) -> float:
     """Throughput of one baseline at its Table 4 allocation (worker entry)."""
-    from pivotrl.bench.sim import load_config
+    from pivotrl.config import compose_config
     from pivotrl.sim.runtime import simulate
     from pivotrl.sim.sweep import paper_allocation
 
     group, mode, values, extra = args
-    cfg = load_config(overrides(group, mode, dict(values), extra))
+    cfg = compose_config(overrides(group, mode, dict(values), extra))
     alloc = paper_allocation(cfg) if mode != "colocated" else {}
     return float(simulate(cfg, alloc)["throughput_tokens_per_s"])
 
@@ -167,11 +167,11 @@ class Fitter:
         group's other constants, the engine and phase settings, the simulator version), so a
         cache entry is never reused after the model changed."""
         if (group, mode) not in self._model_keys:
-            from pivotrl.bench.sim import load_config
+            from pivotrl.config import compose_config
             from pivotrl.sim.sweep import config_hash
 
             fixed = {c.name: c.start for c in CONSTANTS}
-            self._model_keys[(group, mode)] = config_hash(load_config(overrides(group, mode, fixed, self.extra)))
+            self._model_keys[(group, mode)] = config_hash(compose_config(overrides(group, mode, fixed, self.extra)))
         return self._model_keys[(group, mode)]
 
     def throughputs(self, points: list[tuple[str, tuple]]) -> dict[tuple, dict[str, float]]:

@@ -90,14 +90,14 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--quick", action="store_true", help="one mean, one sigma (a smoke run)")
     args = p.parse_args(argv)
-    from pivotrl.bench.sim import load_config
+    from pivotrl.config import compose_config
 
     if args.quick:
         args.means, args.sigmas, args.flops_dense, args.bw_weights = [1000.0], [1.0], [30e12], [1.42e12]
     rows = []
     print(f"verl measured gen s: {MEASURED}  (32/128 ratio {MEASURED[32] / MEASURED[128]:.2f})")
     for fd, bw in itertools.product(args.flops_dense, args.bw_weights):
-        cfg = load_config(["cluster=sim", "models=qwen7b_qwen30b", f"cluster.hardware.flops_dense={fd}",
+        cfg = compose_config(["cluster=sim", "models=qwen7b_qwen30b", f"cluster.hardware.flops_dense={fd}",
                            f"cluster.hardware.bw_weights={bw}"])
         for sigma, mean in itertools.product(args.sigmas, args.means):
             res = {g: gen_seconds(cfg, g, mean, sigma) for g in args.gpus}

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import sys
 
-from artifact.common import ROOT, compose, item_main, plt, read_csv, run_one, save_figure
+from artifact.common import ROOT, item_main, plt, read_csv, run_one, save_figure
+from pivotrl.config import compose_config
 
 EXPECTED = ROOT / "artifact" / "expected" / "fig11.json"
 
@@ -39,7 +40,7 @@ def collect(out, quick: bool) -> list[dict]:
     paper = json.loads(EXPECTED.read_text())["over_disaggregated"]
     rows = []
     for g in groups:
-        cfg = compose([exp, f"models={g}"])
+        cfg = compose_config([exp, f"models={g}"])
         ro, rm, tr = table4_disaggregated(cfg)
         base = run_one([exp, f"models={g}", "deploy=disaggregated", f"deploy.allocation.rollout={ro}",
                         f"deploy.allocation.reward={rm}", f"deploy.allocation.train={tr}"],

@@ -28,7 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from artifact.common import ROOT, compose, item_parser, plt, read_csv, save_figure, write_csv
+from artifact.common import ROOT, item_parser, plt, read_csv, save_figure, write_csv
+from pivotrl.config import compose_config
 
 
 def VARIANTS(slowdown: float, slowdown_cores: float, cores: int) -> list[tuple[str, str, float, int | None]]:
@@ -74,7 +75,7 @@ def prepare(run_dir: Path, train_time: str = "median") -> tuple[Any, Any, Any, d
             f"deploy.staleness={rc['deploy']['staleness']}", "logging.wandb_mode=disabled",
             "logging.progress=false", f"train.prompts_per_step={rec.P}", f"train.group_size={rec.G}"]
     over += [f"deploy.planner.{k}={v}" for k, v in (rc["deploy"].get("planner") or {}).items() if v is not None]
-    return rec, consts, compose(over), rc
+    return rec, consts, compose_config(over), rc
 
 
 def calibrate(run_dir: Path, cores: int | None = None) -> float:

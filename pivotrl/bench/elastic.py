@@ -46,11 +46,11 @@ def training_binds(pivot_cell: dict[str, Any]) -> bool:
 
 def elastic_cell(group: str, steps: int, cache: Path, extra: list[str], jobs: int) -> dict[str, Any]:
     """`run_cell`'s row of pivot with elastic training, and the training world of every step."""
-    from pivotrl.bench.sim import load_config
+    from pivotrl.config import compose_config
     from pivotrl.sim.runtime import simulate
     from pivotrl.sim.sweep import resolve_allocation
 
-    cfg = load_config(["cluster=sim", f"models={group}", "deploy=pivot", f"train.steps={steps}",
+    cfg = compose_config(["cluster=sim", f"models={group}", "deploy=pivot", f"train.steps={steps}",
                        "logging.wandb_mode=disabled", "logging.progress=false", "models.sim.pivot_home=paper",
                        ELASTIC, *extra])
     alloc, info = resolve_allocation(cfg, cache_dir=cache, jobs=jobs)

@@ -22,29 +22,18 @@ GROUPS = ["qwen1.5b_glm9b", "qwen7b_qwen30b", "qwen32b_qwen30b", "qwen72b_qwen12
 MODES = ["colocated", "disaggregated", "rr_colocated", "pivot"]
 
 
-def load_config(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from pivotrl.config import register_configs
-
-    register_configs()
-    conf = Path(__file__).resolve().parents[2] / "conf"
-    with initialize_config_dir(config_dir=str(conf), version_base=None):
-        return OmegaConf.to_object(compose("config", overrides=overrides))
-
-
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
 def run_cell(group: str, mode: str, steps: int, cache: Path, extra: list[str], jobs: int = 1,
              label: str | None = None) -> dict[str, Any]:
+    from pivotrl.config import compose_config
     from pivotrl.core.types import Role
     from pivotrl.sim.runtime import simulate
     from pivotrl.sim.sweep import paper_allocation, resolve_allocation
 
-    cfg = load_config(["cluster=sim", f"models={group}", f"deploy={mode}", f"train.steps={steps}",
+    cfg = compose_config(["cluster=sim", f"models={group}", f"deploy={mode}", f"train.steps={steps}",
                        "logging.wandb_mode=disabled", "logging.progress=false", *extra])
     t0 = time.perf_counter()
     alloc, info = resolve_allocation(cfg, cache_dir=cache, jobs=jobs)

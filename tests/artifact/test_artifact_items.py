@@ -81,14 +81,15 @@ def test_default_sim_run_and_artifact_run_agree_for_the_same_settings(tmp_path):
     # two entry points give the same figure (the difference is the step count: BENCHMARKS.md)
     import json
 
-    from artifact.common import compose, run_one
+    from artifact.common import run_one
+    from pivotrl.config import compose_config
     from pivotrl.run import run
 
     same = ["models=qwen1.5b_glm9b", "deploy=disaggregated", "cluster.num_devices=8", "train.prompts_per_step=32",
             "train.steps=4", "train.warmup_steps=1", "deploy.allocation.rollout=2", "deploy.allocation.reward=2",
             "deploy.allocation.train=4"]
     art = run_one(["experiment=quick", *same], tmp_path / "artifact")
-    cfg = compose(["cluster=sim", *same, "logging.wandb_mode=disabled", "logging.progress=false"])
+    cfg = compose_config(["cluster=sim", *same, "logging.wandb_mode=disabled", "logging.progress=false"])
     run(cfg, tmp_path / "default")
     default = json.loads((tmp_path / "default" / "summary.json").read_text())
     assert default["throughput_tokens_per_s"] == pytest.approx(art["throughput_tokens_per_s"], rel=1e-9)

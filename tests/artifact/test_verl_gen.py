@@ -7,10 +7,10 @@ from artifact.calibrate import verl_gen
 
 
 def test_generation_time_is_bounded_by_the_tail_and_shrinks_with_more_engines():
-    from pivotrl.bench.sim import load_config
+    from pivotrl.config import compose_config
     from pivotrl.sim.timemodel import decode_model
 
-    cfg = load_config(["cluster=sim", "models=qwen7b_qwen30b"])
+    cfg = compose_config(["cluster=sim", "models=qwen7b_qwen30b"])
     few, many = (verl_gen.gen_seconds(cfg, g, mean=1000.0, sigma=1.0) for g in (32, 128))
     assert few["mean_len"] > 800 and few["max_len"] <= verl_gen.MAX_RESPONSE
     model = decode_model(cfg.models.policy, cfg.cluster.hardware, tp=verl_gen.TP)
