@@ -78,7 +78,7 @@ def run_mode(mode: str, run_dir: Path, steps: int | None, extra: list[str], time
         "held_train_dev_s": held.get("train"), "held_free_dev_s": held.get("free"),
         "train_busy_dev_s": s.get("train_busy_device_s"),
         "val_acc_before": s.get("val_accuracy_before"), "val_acc_after": s.get("val_accuracy_after"),
-        "aborts": s.get("aborts"),
+        "run_loop_s": s.get("wall_s"), "aborts": s.get("aborts"),
         "step_time_s": steps_t,
         "train_accuracy": s.get("train_accuracy", []),
     })
