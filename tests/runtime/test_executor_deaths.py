@@ -12,7 +12,7 @@ import pytest
 import pivotrl.runtime.executor as executor
 from pivotrl.runtime.cluster import ClusterSpec
 from pivotrl.runtime.outcomes import TrainingStateLost
-from pivotrl.core.types import Role, ShiftPlan, Slot
+from pivotrl.core.types import INFERENCE_ROLES, Role, ShiftPlan, Slot
 
 
 class StubActor:
@@ -258,7 +258,7 @@ class DeviceStub:
         self.active = spec.role
 
     def _shift_down(self):
-        if self.active in INFERENCE:
+        if self.active in INFERENCE_ROLES:
             self.held.discard(self.active)
         self.active = None
 
@@ -270,8 +270,6 @@ class DeviceStub:
         self.active = None if self.active == r else self.active
         return True
 
-
-INFERENCE = (Role.ROLLOUT, Role.REWARD)
 
 
 def _get(ref, timeout=None):
