@@ -368,7 +368,7 @@ def _init_ray(spec: ClusterSpec) -> tuple[bool, str | None, Any]:
         raise
     # the head's processes are the children ray.init just started: a watcher ends them (and the
     # agents the raylet starts) by pid if this driver dies (runtime/reaper.py)
-    return True, temp_dir, Reaper.start(before, record=Path(temp_dir) / REAPER_RECORD)
+    return True, temp_dir, Reaper.start(before, record=Path(temp_dir) / REAPER_RECORD, remove=Path(temp_dir))
 
 
 #: The kept cluster of this process, if any (`spec.keep_devices`): {"cluster": Cluster}.

@@ -18,10 +18,11 @@ Owns (parameters for shift up come from `params.ParamSource`, the GPS):
   brings it up, no move reaches the fresh actor (it is `unhosted`; its sequences are the runtime's
   to re-queue). A dead device during a shift is shifted up again on its fresh actor.
 - Training state: the devices whose actors hold a trainer rank, active or offloaded
-  (`train_ranks`). If one of them dies, the trainer's state is gone from that rank; the next
-  training shift up drops every rank it may still hold and rebuilds them from the checkpoint at
-  the policy's current version (`train_recovery`, the launch's), or fails naming the checkpoint it
-  lacks. Never a silent start from the base model.
+  (`train_ranks`: a device counts only if its actor is the one its shift up went to). If one of
+  them dies, the trainer's state is gone from that rank; the next training shift up drops every
+  rank it may still hold and rebuilds them from the checkpoint at the policy's current version
+  (`train_recovery`, the launch's), or fails naming the checkpoint it lacks: never a silent
+  start from the base model.
 - Crash loops: a device that died more than `max_respawns` times within `respawn_window_s` is
   flagged (`Death.crash_loop`); the runtime then `retire`s it (it leaves the pool).
 - Time limits (`limits.py`): an inference device past its call's limit is replaced as a dead one
@@ -59,8 +60,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Seconds a collective training call waits for the other ranks once one rank's actor is dead (their
-#: collective lost a peer; one still blocked after this is left to the caller's restart).
+#: Seconds a collective training call waits for the other ranks once one rank's actor is dead.
 PEER_GRACE_S = 30.0
 
 
@@ -77,9 +77,9 @@ class Executor:
         self.one_at_a_time = cluster.spec.devices_per_gpu > 1
         self._one_shift_at_a_time = threading.Lock()
         self.max_respawns, self.respawn_window_s = int(max_respawns), float(respawn_window_s)
+        # called with the policy's version when a trainer rank's state was lost: point the role
+        # specs at the checkpoint of that version (or raise `TrainingStateLost`)
         self.train_recovery = train_recovery
-        """Called with the policy's version when a trainer rank's state was lost: point the role
-        specs at the checkpoint of that version (or raise `TrainingStateLost`)."""
         self.specs = specs
         self.params = params
         self.model_of = model_of
@@ -180,8 +180,7 @@ class Executor:
         return device not in self.unhosted and device not in self.retired
 
     def serving(self) -> dict[int, Role]:
-        """The first device of every inference replica hosted now -> its role (the devices that
-        run an engine: polls and weight loads go to these)."""
+        """The first device of every inference replica hosted now (it runs the engine) -> its role."""
         with self._lock:
             return {d: s.role for d, s in self.hosted.items() if d == s.first_device}
 
@@ -193,11 +192,9 @@ class Executor:
         return slot.first_device
 
     def rehost(self, slot: Slot, device: int) -> bool:
-        """Shift respawned, roleless `device` up to its place in `slot` again: the replica's engine
-        (cold: a fresh engine, weights from GPS at the current version) if it is the slot's first
-        device, else a member of the replica. False when it died again on the way: it is
-        respawned, and that death carries `slot`, so taking it re-hosts once more (bounded: a
-        crash loop leaves the pool)."""
+        """Shift respawned, roleless `device` up to its place in `slot` again (the replica's cold
+        engine, weights from GPS, if it is the slot's first device, else a member). False when it
+        died again on the way: its death carries `slot`, so taking it re-hosts once more (bounded)."""
         actor, gen = self.handle(device)
         call = self._ups(slot, only=device)[device]
         point("rehost", device, actor)
@@ -254,16 +251,14 @@ class Executor:
     # ------------------------------------------------------------------ shifts
     def _params_for(self, slot: Slot) -> tuple[Any, int]:
         """(what the device reads, the version) for shifting `slot` up: a `GPSWeights` naming the
-        current version (the device reads its own node's copy; a frozen GenRM that kept its
-        weights reads nothing); training reads nothing."""
+        current version (read from the device's node copy); training reads nothing."""
         if slot.role == Role.TRAIN:
             return None, 0
         return self.params.weights(self.model_of[slot.role])
 
     def _ups(self, s: Slot, only: int | None = None) -> dict[int, Callable[[Any], Any]]:
-        """device -> the shift up call (on a given actor) of each device of slot `s` (or of device
-        `only`), specs and parameters read now. Only a replica's first device reads parameters;
-        it gets the slot's placement when the replica spans several devices."""
+        """device -> the shift up call (on a given actor) of each device of slot `s` (or of `only`),
+        specs and parameters read now; a replica's first device reads them and gets its placement."""
         out: dict[int, Callable[[Any], Any]] = {}
         for i, d in enumerate(s.devices):
             if only is not None and d != only:
@@ -294,9 +289,8 @@ class Executor:
     def _recover_training(self, slot: Slot) -> None:
         """A trainer rank's state died: rebuild every rank of `slot` from the checkpoint at the
         policy's current version (the launch's `train_recovery` points the specs at it, or raises).
-        First every survivor and every device of `slot` drops its rank (one may have taken a rank of
-        the lost trainer in this very shift: a poll respawned it, flagging the loss, after the up
-        call had read the fresh handle); a dead one holds nothing (its next call respawns it)."""
+        First every survivor and every device of `slot` drops its rank (a poll may have respawned
+        one after the up call read its handle); a dead one holds nothing (its next call respawns it)."""
         version = self.params.version("policy")
         if self.train_recovery is None:
             raise TrainingStateLost(f"a trainer rank's state was lost with its device at policy version "
@@ -311,9 +305,10 @@ class Executor:
             except Exception as e:
                 if not is_dead(e):
                     raise
-        self.train_ranks.clear()
-        self.role_of.update({d: None for d in slot.devices if self.role_of.get(d) == Role.TRAIN})
-        self.train_state_lost = False
+        with self._lock:
+            self.train_ranks.clear()
+            self.role_of.update({d: None for d in slot.devices if self.role_of.get(d) == Role.TRAIN})
+            self.train_state_lost = False
         self.recoveries.append({"version": int(version), "devices": list(slot.devices), "dropped": holders})
         log.warning("training state lost: rebuilding ranks %s from the checkpoint at version %d", list(slot.devices), version)
 
@@ -322,11 +317,14 @@ class Executor:
         return self.limits.of("shift", self.model_of.get(role, "policy") if role is not None else "policy")
 
     def _call_all(self, calls: dict[int, Callable[[Any], Any]], what: str, res: ShiftResult,
-                  retry: Callable[[int], bool] | None, roles: dict[int, Role | None]) -> dict[int, Any]:
+                  retry: Callable[[int], bool] | None, roles: dict[int, Role | None],
+                  called: dict[int, int] | None = None) -> dict[int, Any]:
         """One remote call per device (`calls[d](actor)`) at once (sharing GPUs: one at a time),
         each within the shift limit of `roles[d]`; replace dead, failed and overdue inference
-        devices, calling again on the fresh actor where `retry(d)` holds."""
-        h = self.handles(calls)
+        devices, calling again on the fresh actor where `retry(d)` holds; `called` gets the
+        generation of the actor each call went to."""
+        h, called = self.handles(calls), {} if called is None else called
+        called.update({d: g for d, (_, g) in h.items()})
         t0 = time.monotonic()
         refs = {} if self.one_at_a_time else {d: f(h[d][0]) for d, f in calls.items()}
         out: dict[int, Any] = {}
@@ -344,7 +342,8 @@ class Executor:
                 self.respawn(d, death_reason(what, e), h[d][1])
                 res.dead.add(d)
                 if retry is not None and retry(d):
-                    out[d] = self.limits.wait(calls[d](self.handle(d)[0]), limit, f"{what} (again, on a fresh actor)", d)
+                    actor, called[d] = self.handle(d)
+                    out[d] = self.limits.wait(calls[d](actor), limit, f"{what} (again, on a fresh actor)", d)
         return out
 
     def run_shift(self, plan: ShiftPlan) -> ShiftResult:
@@ -374,13 +373,14 @@ class Executor:
             inference = {d for s in plan.up if s.role in INFERENCE_ROLES for d in s.devices}
             dead_before_up = set(res.dead)  # those died in the shift down: respawned, then shifted up whole
             up_roles = {d: s.role for s in plan.up for d in s.devices}
-            up_t = self._call_all(ups, "shift_up", res, retry=inference.__contains__, roles=up_roles)
+            called: dict[int, int] = {}  # the generation each up went to
+            up_t = self._call_all(ups, "shift_up", res, inference.__contains__, up_roles, called)
             for s in train_up:
                 if any(d in res.dead - dead_before_up for d in s.devices):
                     self.train_state_lost = True  # also a cold first build: its group is incomplete
                 if self.train_state_lost:  # a rank died in this shift: rebuild all from the checkpoint
                     self._recover_training(s)
-                    up_t.update(self._call_all(self._ups(s), "shift_up", res, retry=None, roles=up_roles))
+                    up_t.update(self._call_all(self._ups(s), "shift_up", res, None, up_roles, called))
             t2 = time.perf_counter()
             for s in plan.up:
                 with self._lock:
@@ -389,9 +389,11 @@ class Executor:
                         self.unhosted.discard(d)
                         if s.role in INFERENCE_ROLES:
                             self.hosted[d] = s
-                if s.role == Role.TRAIN:
-                    self.train_ranks.update(s.devices)
-                else:
+                    if s.role == Role.TRAIN:  # a rank respawned since its up (a poll found it dead) holds none
+                        gone = {d for d in s.devices if self.generation[d] != called[d]}
+                        self.train_ranks.update(set(s.devices) - gone)
+                        self.train_state_lost |= bool(gone)
+                if s.role != Role.TRAIN:
                     for d in s.devices:
                         if d in self.train_ranks:  # a training-home device lent to inference
                             point("lent_home", d, self.handle(d)[0])
@@ -412,11 +414,9 @@ class Executor:
 
     # ------------------------------------------------------------------ weights
     def publish_policy(self) -> tuple[int, list[dict[str, Any]]]:
-        """Load GPS's current policy into every rollout replica and wait until each holds it: the
-        device actors are threaded, so a `submit` sent right after an unawaited load could be
-        admitted first, under the old weights, and be staler than the controller assumes. Each
-        device reads its own node's GPS copy itself (`GPSWeights`); the driver sends only the
-        version. Returns (version, one measured load per device: `{"device", "seconds", "bytes",
+        """Load GPS's current policy into every rollout replica and wait until each holds it (a
+        `submit` sent right after an unawaited load could be admitted first, under the old weights).
+        Each device reads its node's GPS copy itself; the driver sends only the version. Returns (version, one measured load per device: `{"device", "seconds", "bytes",
         "path", "gps_version"}`, `seconds` the time its decoding stood still). A device that died,
         failed the load (its engine shut itself down) or ran past the load's limit is respawned
         and skipped: its sequences go back to the queue when the runtime takes that death."""

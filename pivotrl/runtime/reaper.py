@@ -15,7 +15,8 @@ How, with no process ever chosen by its name:
 - the pipe closes when the driver dies, however it dies (the kernel closes it on SIGKILL too), or
   when `Reaper.close()` closes it after `ray.shutdown()`; then the watcher sends SIGTERM to every
   recorded process still running with the same start time (so a pid reused since is never
-  touched), SIGKILL after `GRACE_S`, and exits.
+  touched), SIGKILL after `GRACE_S`, removes the head's temp dir (`remove`: Ray's session files,
+  which a SIGKILLed driver would leave behind), and exits.
 Linux only (`/proc`); elsewhere `Reaper.start` returns None and Ray's own cleanup is all there is.
 """
 from __future__ import annotations
@@ -102,8 +103,9 @@ def reap(procs: set[Proc], grace_s: float = GRACE_S) -> list[int]:
     return hit
 
 
-def watch(roots: set[Proc], record: Path | None = None) -> None:
-    """The watcher's loop (module docstring): snapshot until stdin closes, then reap."""
+def watch(roots: set[Proc], record: Path | None = None, remove: Path | None = None) -> None:
+    """The watcher's loop (module docstring): snapshot until stdin closes, then reap and remove
+    the folder `remove`."""
     seen: set[Proc] = set()
     me = os.getpid()
     while True:
@@ -117,6 +119,10 @@ def watch(roots: set[Proc], record: Path | None = None) -> None:
         if ready and not os.read(sys.stdin.fileno(), 4096):
             break  # EOF: the driver closed the pipe or died
     reap(seen)
+    if remove is not None:
+        import shutil
+
+        shutil.rmtree(remove, ignore_errors=True)
 
 
 class Reaper:
@@ -126,18 +132,20 @@ class Reaper:
         self.proc, self.roots, self.record = proc, roots, record
 
     @classmethod
-    def start(cls, before: set[Proc], record: Path | None = None) -> "Reaper | None":
+    def start(cls, before: set[Proc], record: Path | None = None, remove: Path | None = None) -> "Reaper | None":
         """Watch the driver's children started since `before` (its children before `ray.init`).
         `record` (optional): a file the watcher keeps the recorded processes in, one `pid start`
-        per line (tests read it). None off Linux or when there is nothing to watch."""
+        per line (tests read it); `remove` (optional): a folder it deletes once they are ended.
+        None off Linux or when there is nothing to watch."""
         if not Path("/proc/self/stat").exists():
             return None
         roots = children(os.getpid()) - before
         if not roots:
             return None
         args = [sys.executable, "-m", "pivotrl.runtime.reaper", *(f"{p}:{st}" for p, st in sorted(roots))]
-        if record is not None:
-            args += ["--record", str(record)]
+        for flag, path in (("--record", record), ("--remove", remove)):
+            if path is not None:
+                args += [flag, str(path)]
         # its own session: a Ctrl-C to the driver's process group must not end the watcher first
         root = str(Path(__file__).resolve().parents[2])  # this checkout's pivotrl, not another install
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
@@ -156,13 +164,14 @@ class Reaper:
 
 
 def main(argv: list[str]) -> int:
-    record = None
-    if "--record" in argv:
-        i = argv.index("--record")
-        record, argv = Path(argv[i + 1]), argv[:i] + argv[i + 2:]
+    paths: dict[str, Path] = {}
+    for flag in ("--record", "--remove"):
+        if flag in argv:
+            i = argv.index(flag)
+            paths[flag], argv = Path(argv[i + 1]), argv[:i] + argv[i + 2:]
     roots = {(int(p), int(st)) for p, st in (a.split(":") for a in argv)}
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    watch(roots, record)
+    watch(roots, paths.get("--record"), paths.get("--remove"))
     return 0
 
 

@@ -1,8 +1,9 @@
 """Executor death bookkeeping without Ray actors (spawn_device replaced by a stub): each death is
 recorded once whichever call finds it, a stale handle's second report is ignored, a device that
 lost an inference role is unreachable until re-hosted, crash loops are flagged by the window, a
-lost trainer state is recovered only from a checkpoint at the policy's version, and its rebuild
-drops every rank of the lost trainer (one a poll respawned in mid-shift included)."""
+lost trainer state is recovered only from a checkpoint at the policy's version, its rebuild
+drops every rank of the lost trainer (one a poll respawned in mid-shift included), and an actor
+respawned between its shift up and the shift's booking is not counted as a rank."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -337,3 +338,40 @@ def ray_actor_died():
     import ray
 
     return ray.exceptions.ActorDiedError()
+
+
+def test_a_rank_respawned_right_after_its_shift_up_is_not_counted(stub_ex, monkeypatch):
+    """A cold training build on device 2: its shift up succeeds, then the poll thread finds the actor
+    dead and respawns it before the shift books the rank (that respawn saw no rank to lose). The
+    fresh actor holds no rank, so it is not one: the trainer's state is lost, and the next
+    collective call names device 2 as a dead rank (it used to reach the fresh actor, whose "no
+    trainer rank" error stopped the run)."""
+    import ray
+
+    from pivotrl.runtime.outcomes import TrainingRankDied
+
+    ex = stub_ex
+    up = ex.actors[2].shift_up.remote
+
+    def up_then_dies(spec, weights, version):
+        up(spec, weights, version)
+        return "up"
+
+    ex.actors[2].shift_up = _Call(up_then_dies)
+
+    def get(ref, timeout=None):
+        if ref == "up":
+            assert ex.respawn(2, "poll: ActorDiedError", 0)
+            return None
+        return _get(ref)
+
+    monkeypatch.setattr(ray, "get", get)
+    res = ex.run_shift(ShiftPlan(Role.TRAIN, up=[Slot(Role.TRAIN, 2, 1)]))
+    assert res.error is None, res.error
+    (d,) = ex.take_deaths()
+    assert d.device == 2 and not d.held_train, "the respawn came before the shift booked the rank"
+    assert ex.actors[2].generation == 1 and ex.actors[2].held == set()
+    assert 2 not in ex.train_ranks and ex.train_state_lost
+    with pytest.raises(TrainingRankDied) as e:
+        ex.train_call((2,), "train_step", "batch")
+    assert e.value.devices == [2]

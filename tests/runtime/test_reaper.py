@@ -112,7 +112,8 @@ time.sleep(600)
 @pytest.mark.slow
 def test_ray_agents_end_with_a_sigkilled_driver(tmp_path):
     """Issue 22: `DashboardAgent` and `RuntimeEnvAgent` outlived a SIGKILLed driver by 60-120 s
-    (about 210 MB; docs/benchmarks-history.md, issue 22); with the reaper every process of the private head ends."""
+    (about 210 MB; docs/benchmarks-history.md, issue 22); with the reaper every process of the private head ends,
+    and its temp dir (Ray's session files) goes with them."""
     from pivotrl.runtime.cluster import REAPER_RECORD
 
     pytest.importorskip("ray")
@@ -133,6 +134,10 @@ def test_ray_agents_end_with_a_sigkilled_driver(tmp_path):
         d.wait()
         left = _wait_gone(pids, 45)
         assert not left, f"still running after the driver's SIGKILL: {left}"
+        deadline = time.monotonic() + 15
+        while record.parent.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not record.parent.exists(), "the private head's temp dir outlived its driver"
     finally:
         for p in pids:
             if _alive(p):
