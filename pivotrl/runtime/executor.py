@@ -107,14 +107,12 @@ class Executor:
     # ------------------------------------------------------------------ devices
     def wait_ready(self) -> list[dict[str, Any]]:
         """Every device actor's `info`, once all have started (within a shift's limit)."""
-        return self.limits.get([a.info.remote() for a in self.actors.values()], "shift", "device actors starting",
-                               list(self.actors))
+        return self.limits.get([a.info.remote() for a in self.actors.values()], "shift", "device actors start", list(self.actors))
 
     def handle(self, device: int) -> tuple[Any, int]:
         """`device`'s current actor and its generation, read together (a respawn on another thread
         replaces both at once): a call that fails on that actor passes this generation to `respawn`."""
-        with self._lock:
-            return self.actors[device], self.generation[device]
+        return self.handles([device])[device]
 
     def handles(self, devices: Iterable[int]) -> dict[int, tuple[Any, int]]:
         """`handle` of each of `devices`, all read at one instant."""
@@ -383,16 +381,18 @@ class Executor:
                     up_t.update(self._call_all(self._ups(s), "shift_up", res, None, up_roles, called))
             t2 = time.perf_counter()
             for s in plan.up:
-                with self._lock:
-                    for d in s.devices:
+                with self._lock:  # an actor respawned since its up (a stale poll found it dead) holds nothing
+                    gone = {d for d in s.devices if self.generation[d] != called[d]}
+                    for d in set(s.devices) - gone:
                         self.role_of[d] = s.role
                         self.unhosted.discard(d)
                         if s.role in INFERENCE_ROLES:
                             self.hosted[d] = s
-                    if s.role == Role.TRAIN:  # a rank respawned since its up (a poll found it dead) holds none
-                        gone = {d for d in s.devices if self.generation[d] != called[d]}
+                    if s.role == Role.TRAIN:  # the trainer lost that rank
                         self.train_ranks.update(set(s.devices) - gone)
                         self.train_state_lost |= bool(gone)
+                for d in sorted(gone) if s.role in INFERENCE_ROLES else ():
+                    self.rehost(s, d)  # into its place again (dying again, its death carries `s`)
                 if s.role != Role.TRAIN:
                     for d in s.devices:
                         if d in self.train_ranks:  # a training-home device lent to inference

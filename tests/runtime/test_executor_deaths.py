@@ -375,3 +375,35 @@ def test_a_rank_respawned_right_after_its_shift_up_is_not_counted(stub_ex, monke
     with pytest.raises(TrainingRankDied) as e:
         ex.train_call((2,), "train_step", "batch")
     assert e.value.devices == [2]
+
+
+def test_a_replica_device_respawned_right_after_its_shift_up_is_re_hosted(stub_ex, monkeypatch):
+    """The same window on an inference slot: a stale poll finds device 2's actor dead right after its
+    rollout shift up, and the respawn (outside any hosted slot then) carries no slot for the runtime
+    to re-host. The shift re-hosts the fresh actor itself instead of booking it as serving (submits
+    to it used to fail with "no active inference role" and stop the run)."""
+    import ray
+
+    ex = stub_ex
+    ex.model_of = {Role.ROLLOUT: "policy"}
+    ex.params = SimpleNamespace(version=lambda model: 0, weights=lambda model: ("gps", 0))
+    ex.specs = lambda slot, i: SimpleNamespace(role=slot.role, leader=None, engine=SimpleNamespace(
+        settings=SimpleNamespace(kv_capacity_tokens=64)))
+    up = ex.actors[2].shift_up.remote
+    ex.actors[2].shift_up = _Call(lambda *a: up(*a) or "up")
+
+    def get(ref, timeout=None):
+        if ref == "up":
+            assert ex.respawn(2, "poll: ActorDiedError", 0)
+            return None
+        return _get(ref)
+
+    monkeypatch.setattr(ray, "get", get)
+    slot = Slot(Role.ROLLOUT, 2, 1)
+    res = ex.run_shift(ShiftPlan(Role.ROLLOUT, up=[slot]))
+    assert res.error is None, res.error
+    (d,) = ex.take_deaths()
+    assert d.device == 2 and d.slot is None, "the respawn came before the shift booked the replica"
+    fresh = ex.actors[2]
+    assert fresh.generation == 1 and fresh.active == Role.ROLLOUT, "the fresh actor was shifted up"
+    assert ex.hosted[2] == slot and ex.role_of[2] == Role.ROLLOUT and ex.reachable(2)
