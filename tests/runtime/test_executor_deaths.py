@@ -407,3 +407,35 @@ def test_a_replica_device_respawned_right_after_its_shift_up_is_re_hosted(stub_e
     fresh = ex.actors[2]
     assert fresh.generation == 1 and fresh.active == Role.ROLLOUT, "the fresh actor was shifted up"
     assert ex.hosted[2] == slot and ex.role_of[2] == Role.ROLLOUT and ex.reachable(2)
+
+
+def test_a_kept_cluster_keeps_only_the_actors_that_reset_in_time(monkeypatch):
+    """`close` on a kept cluster (`cluster.keep_devices`): an actor whose reset says True is handed
+    back; one that says False (a role it could not drop), one that died and one that did not answer
+    within the wait are killed, and the next run spawns their devices afresh (generation + 1)."""
+    import ray
+
+    answers = {0: True, 1: False, 2: ray_actor_died(), 3: "late"}
+
+    class Resettable(StubActor):
+        @property
+        def reset(self):
+            return SimpleNamespace(remote=lambda: (self.device, answers[self.device]))
+
+    killed = []
+    monkeypatch.setattr(executor, "spawn_device", lambda cluster, d, g=0: Resettable(d, g))
+    monkeypatch.setattr(ray, "kill", lambda actor, **k: killed.append(actor.device))
+    monkeypatch.setattr(ray, "wait", lambda refs, num_returns, timeout: ([r for r in refs if r[1] != "late"], []))
+
+    def get(ref):
+        if isinstance(ref[1], BaseException):
+            raise ref[1]
+        return ref[1]
+
+    monkeypatch.setattr(ray, "get", get)
+    cluster = SimpleNamespace(spec=ClusterSpec(kind="local", num_devices=4, keep_devices=True), devices={})
+    executor.Executor(cluster, specs=None, params=None, model_of={}).close()
+    assert sorted(killed) == [1, 2, 3]
+    assert cluster.devices[0][0].device == 0 and all(cluster.devices[d] == (None, 0) for d in (1, 2, 3))
+    again = executor.Executor(cluster, specs=None, params=None, model_of={})
+    assert again.actors[0] is cluster.devices[0][0] and again.generation == {0: 0, 1: 1, 2: 1, 3: 1}
