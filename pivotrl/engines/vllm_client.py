@@ -26,6 +26,25 @@ if TYPE_CHECKING:
 
 WORKER_EXTENSION = "pivotrl.engines.vllm_worker.PivotWorkerExtension"
 
+#: Name of an engine's socket folder in the system temp folder: this prefix, its owner's pid, "-".
+IPC_PREFIX = "pivotrl-vllm-ipc-"
+
+
+def remove_orphan_ipc_dirs(root: Path | None = None) -> list[Path]:
+    """Delete the socket folders (in `root`, default the system temp folder) whose owner process is
+    gone: a SIGKILLed device actor never stops its engine. Returns the folders removed; one whose
+    name carries no pid, or whose pid is alive (even if reused since), is left as it is."""
+    removed = []
+    for d in Path(root or tempfile.gettempdir()).glob(f"{IPC_PREFIX}*-*"):
+        try:
+            os.kill(int(d.name[len(IPC_PREFIX):].split("-", 1)[0]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+        except (ValueError, PermissionError):
+            continue
+    return removed
+
 
 def platform_is_cpu() -> bool:
     """Whether vLLM runs on its CPU build here (no chunked prefill: see `async_engine_args`)."""
@@ -147,7 +166,8 @@ class VLLMClient:
         self.ipc_dir: Path | None = None
         """The folder of the started engine's ZMQ sockets (vLLM's `VLLM_RPC_BASE_PATH`, read as it
         starts), removed when it stops: vLLM leaves its socket files behind, and in the system
-        temp folder, where each start left a few (174 after a day of test-suite runs)."""
+        temp folder, where each start left a few (174 after a day of test-suite runs). A start
+        also removes the folders of owners that died without stopping (`remove_orphan_ipc_dirs`)."""
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="vllm-loop", daemon=True)
         self._thread.start()
@@ -171,7 +191,8 @@ class VLLMClient:
         if cfg.num_threads:
             os.environ["OMP_NUM_THREADS"] = str(cfg.num_threads)
         one_process = self.tensor_parallel_size == 1 and _vllm_cpu_build()
-        self.ipc_dir = Path(tempfile.mkdtemp(prefix="pivotrl-vllm-ipc-"))
+        remove_orphan_ipc_dirs()
+        self.ipc_dir = Path(tempfile.mkdtemp(prefix=f"{IPC_PREFIX}{os.getpid()}-"))
         try:
             with _environ_set("VLLM_RPC_BASE_PATH", str(self.ipc_dir)), \
                     one_process_cpu_engine() if one_process else contextlib.nullcontext():

@@ -4,7 +4,10 @@ CPU engine and `transformers`, weights load through the worker extension, abort/
 Skips where vLLM is not installed. One engine start per module (about 20-60 s on 2 cores)."""
 from __future__ import annotations
 
+import os
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +20,16 @@ from .conftest import hf_greedy
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
+
+
+def _orphan_ipc_dir(root: Path) -> Path:
+    """A socket folder in `root` as an engine whose owner died without stopping it leaves one."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    d = root / f"pivotrl-vllm-ipc-{dead.pid}-x1y2"
+    d.mkdir()
+    (d / "sock").write_text("")
+    return d
 
 
 def _reqs(prompts, sp=GREEDY, base=0):
@@ -236,9 +249,12 @@ def test_release_and_reacquire_memory(veng, cpu_ref, prompts):
         veng.release_memory()  # the engine process stops
         assert veng.stats().memory_released
         assert veng.ipc_dir is None and not sockets.exists(), "its socket folder went with it"
+        orphan = _orphan_ipc_dir(sockets.parent)  # an owner SIGKILLed with its engine running
         times = veng.reacquire_memory()
         assert times["restart_s"] > 0 and veng.stats().version == 0
         assert veng.ipc_dir.is_dir() and veng.ipc_dir != sockets
+        assert not orphan.exists() and veng.ipc_dir.name.startswith(f"pivotrl-vllm-ipc-{os.getpid()}-"), \
+            "a start removes the socket folders of dead owners, and names its own after its owner"
         assert [c.token_ids for c in veng.generate(_reqs(prompts, base=600))] == cpu_ref
     finally:
         veng.cfg = cfg
