@@ -3,6 +3,8 @@ import os
 
 import pytest
 
+from tests.shared_ray import SHARED_RAY_FILES, SHARED_SCOPE, end_ray_session, shares_ray
+
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -21,9 +23,10 @@ def _has_cuda() -> bool:
 #: (`scripts/test.sh` runs xdist with `--no-loadscope-reorder`, so files go out in this order):
 #: xdist's default order, most tests first, put these files of one or few tests last, and one
 #: worker ran alone on the last of them for minutes. The bootstrap rebuild (one thread of SFT,
-#: light on memory) goes beside the `cluster=ray` run (vLLM processes, most of the memory).
-LONG_FILES = ("tests/models/test_shipped.py", "tests/e2e/test_ray_cpu.py", "tests/e2e/test_device_faults.py",
-              "tests/e2e/test_local_modes.py", "tests/bench/test_device_check.py")
+#: light on memory) goes beside the `cluster=ray` run (vLLM processes, most of the memory); the
+#: files sharing a Ray session (`tests/shared_ray.py`) are one work unit, in this order.
+LONG_FILES = ("tests/models/test_shipped.py", "tests/e2e/test_ray_cpu.py", *SHARED_RAY_FILES,
+              "tests/bench/test_device_check.py")
 
 
 def _long_first(config, items) -> None:
@@ -47,15 +50,38 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, with the files of `SHARED_RAY_FILES` one work unit (`tests/shared_ray.py`)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedRayFiles(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return SHARED_SCOPE if shares_ray(nodeid) else super()._split_scope(nodeid)
+
+    return SharedRayFiles(config, log)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the last test of a run of `SHARED_RAY_FILES` (its fixtures torn down): end their
+    shared Ray session."""
+    if shares_ray(item.nodeid) and (nextitem is None or not shares_ray(nextitem.nodeid)):
+        end_ray_session()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def no_ray_left_running(request):
     """Each test module stops the Ray it started: a session left running would make the next
-    module's `ray.init` fail (and, under `-n`, which module comes next depends on the worker)."""
+    module's `ray.init` fail (and, under `-n`, which module comes next depends on the worker).
+    The files sharing one (`tests/shared_ray.py`) leave it to `pytest_runtest_teardown`."""
     yield
     import sys
 
     ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
+    if ray is not None and ray.is_initialized() and not shares_ray(request.node.nodeid):
         ray.shutdown()
         pytest.fail(f"{request.module.__name__} left a Ray session running (stopped now)", pytrace=False)
 

@@ -10,18 +10,21 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 @pytest.fixture(scope="module")
-def ray_session():
+def ray_session(request):
     """The module's Ray session. The runs of a module attach to it and keep their devices for the
-    module's next run (`local_overrides`: `cluster.keep_devices`), released here at the end."""
+    module's next run (`local_overrides`: `cluster.keep_devices`), released here at the end; the
+    files of `tests/shared_ray.py` hand it on to the next of them instead."""
     ray = pytest.importorskip("ray")
-    from pivotrl.runtime.cluster import release_kept_clusters
+    from tests.shared_ray import end_ray_session, shares_ray
 
-    ray.init(address="local", num_cpus=2, resources={"pivot_device": 4}, include_dashboard=False, configure_logging=False)
+    if not ray.is_initialized():  # else the session a file of `SHARED_RAY_FILES` left running
+        ray.init(address="local", num_cpus=2, resources={"pivot_device": 4}, include_dashboard=False,
+                 configure_logging=False)
     try:
         yield ray
     finally:
-        release_kept_clusters()
-        ray.shutdown()
+        if not shares_ray(request.node.nodeid):
+            end_ray_session()
 
 
 @pytest.fixture(scope="session")
@@ -40,8 +43,8 @@ def tiny_assets(tmp_path_factory):
 
 def local_overrides(assets, mode: str, overrides: list[str] = ()) -> list[str]:
     """The overrides of a `cluster=local` run of 2 tiny steps on the given tiny checkpoints. In a
-    module's Ray session (`ray_session`) the run keeps its devices for the module's next run (a
-    run's start-up is mostly its 4 device processes importing torch and transformers)."""
+    Ray session of `ray_session` the run keeps its devices for the next run in it (a run's
+    start-up is mostly its 4 device processes importing torch and transformers)."""
     import ray
 
     keep = [f"cluster.keep_devices={str(ray.is_initialized()).lower()}"]

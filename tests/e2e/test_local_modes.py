@@ -12,7 +12,7 @@ reward engine loads it from there (vLLM's CPU build cannot import Qwen3.5 here).
 
 Each run starts 4 device actors that import torch and transformers (20-60 s per run on 2 cores),
 so all but the default mode (`pivot`, the embedded default of `python train.py`) are `slow`.
-One Ray session for the module; every run attaches to it.
+One Ray session (`ray_session`, shared with the files of `tests/shared_ray.py`); every run attaches to it.
 """
 from __future__ import annotations
 
