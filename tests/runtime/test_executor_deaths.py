@@ -340,32 +340,33 @@ def ray_actor_died():
     return ray.exceptions.ActorDiedError()
 
 
+def _dies_right_after_its_shift_up(ex, device, monkeypatch):
+    """`device`'s shift up succeeds; as `ray.get` hands back its result, a stale poll (a thread of
+    its own in the runtime) finds the actor dead and respawns it."""
+    import ray
+
+    up = ex.actors[device].shift_up.remote
+    ex.actors[device].shift_up = _Call(lambda *a: up(*a) or "up")
+
+    def get(ref, timeout=None):
+        if ref == "up":
+            assert ex.respawn(device, "poll: ActorDiedError", 0)
+            return None
+        return _get(ref)
+
+    monkeypatch.setattr(ray, "get", get)
+
+
 def test_a_rank_respawned_right_after_its_shift_up_is_not_counted(stub_ex, monkeypatch):
     """A cold training build on device 2: its shift up succeeds, then the poll thread finds the actor
     dead and respawns it before the shift books the rank (that respawn saw no rank to lose). The
     fresh actor holds no rank, so it is not one: the trainer's state is lost, and the next
     collective call names device 2 as a dead rank (it used to reach the fresh actor, whose "no
     trainer rank" error stopped the run)."""
-    import ray
-
     from pivotrl.runtime.outcomes import TrainingRankDied
 
     ex = stub_ex
-    up = ex.actors[2].shift_up.remote
-
-    def up_then_dies(spec, weights, version):
-        up(spec, weights, version)
-        return "up"
-
-    ex.actors[2].shift_up = _Call(up_then_dies)
-
-    def get(ref, timeout=None):
-        if ref == "up":
-            assert ex.respawn(2, "poll: ActorDiedError", 0)
-            return None
-        return _get(ref)
-
-    monkeypatch.setattr(ray, "get", get)
+    _dies_right_after_its_shift_up(ex, 2, monkeypatch)
     res = ex.run_shift(ShiftPlan(Role.TRAIN, up=[Slot(Role.TRAIN, 2, 1)]))
     assert res.error is None, res.error
     (d,) = ex.take_deaths()
@@ -382,23 +383,12 @@ def test_a_replica_device_respawned_right_after_its_shift_up_is_re_hosted(stub_e
     rollout shift up, and the respawn (outside any hosted slot then) carries no slot for the runtime
     to re-host. The shift re-hosts the fresh actor itself instead of booking it as serving (submits
     to it used to fail with "no active inference role" and stop the run)."""
-    import ray
-
     ex = stub_ex
     ex.model_of = {Role.ROLLOUT: "policy"}
     ex.params = SimpleNamespace(version=lambda model: 0, weights=lambda model: ("gps", 0))
     ex.specs = lambda slot, i: SimpleNamespace(role=slot.role, leader=None, engine=SimpleNamespace(
         settings=SimpleNamespace(kv_capacity_tokens=64)))
-    up = ex.actors[2].shift_up.remote
-    ex.actors[2].shift_up = _Call(lambda *a: up(*a) or "up")
-
-    def get(ref, timeout=None):
-        if ref == "up":
-            assert ex.respawn(2, "poll: ActorDiedError", 0)
-            return None
-        return _get(ref)
-
-    monkeypatch.setattr(ray, "get", get)
+    _dies_right_after_its_shift_up(ex, 2, monkeypatch)
     slot = Slot(Role.ROLLOUT, 2, 1)
     res = ex.run_shift(ShiftPlan(Role.ROLLOUT, up=[slot]))
     assert res.error is None, res.error
