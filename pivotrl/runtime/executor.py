@@ -249,7 +249,7 @@ class Executor:
     # ------------------------------------------------------------------ shifts
     def _params_for(self, slot: Slot) -> tuple[Any, int]:
         """(what the device reads, the version) for shifting `slot` up: a `GPSWeights` naming the
-        current version (read from the device's node copy); training reads nothing."""
+        current version (its node's copy; a frozen GenRM that kept its weights reads none); training: none."""
         if slot.role == Role.TRAIN:
             return None, 0
         return self.params.weights(self.model_of[slot.role])
