@@ -55,7 +55,7 @@ def stage_seconds(group: str, mode: str) -> dict[str, float]:
     from pivotrl.sim.sweep import paper_allocation
 
     cfg = compose_config(["experiment=fig9", f"models={group}", f"deploy={mode}", "logging.wandb_mode=disabled",
-                       "logging.progress=false"])
+                          "logging.progress=false"])
     rt = SimDriver(SimSetup.from_config(cfg, paper_allocation(cfg)))
     s = rt.run()
     rows = [r for r in rt.rec.rows if r["step"] > cfg.train.warmup_steps]

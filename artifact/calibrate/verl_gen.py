@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     print(f"verl measured gen s: {MEASURED}  (32/128 ratio {MEASURED[32] / MEASURED[128]:.2f})")
     for fd, bw in itertools.product(args.flops_dense, args.bw_weights):
         cfg = compose_config(["cluster=sim", "models=qwen7b_qwen30b", f"cluster.hardware.flops_dense={fd}",
-                           f"cluster.hardware.bw_weights={bw}"])
+                              f"cluster.hardware.bw_weights={bw}"])
         for sigma, mean in itertools.product(args.sigmas, args.means):
             res = {g: gen_seconds(cfg, g, mean, sigma) for g in args.gpus}
             row = {"flops_dense": fd, "bw_weights": bw, "sigma": sigma, "mean": mean,

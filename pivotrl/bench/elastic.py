@@ -51,8 +51,8 @@ def elastic_cell(group: str, steps: int, cache: Path, extra: list[str], jobs: in
     from pivotrl.sim.sweep import resolve_allocation
 
     cfg = compose_config(["cluster=sim", f"models={group}", "deploy=pivot", f"train.steps={steps}",
-                       "logging.wandb_mode=disabled", "logging.progress=false", "models.sim.pivot_home=paper",
-                       ELASTIC, *extra])
+                          "logging.wandb_mode=disabled", "logging.progress=false", "models.sim.pivot_home=paper",
+                          ELASTIC, *extra])
     alloc, info = resolve_allocation(cfg, cache_dir=cache, jobs=jobs)
     t = StepRows()
     s = simulate(cfg, alloc, tracker=t)

@@ -34,7 +34,7 @@ def run_cell(group: str, mode: str, steps: int, cache: Path, extra: list[str], j
     from pivotrl.sim.sweep import paper_allocation, resolve_allocation
 
     cfg = compose_config(["cluster=sim", f"models={group}", f"deploy={mode}", f"train.steps={steps}",
-                       "logging.wandb_mode=disabled", "logging.progress=false", *extra])
+                          "logging.wandb_mode=disabled", "logging.progress=false", *extra])
     t0 = time.perf_counter()
     alloc, info = resolve_allocation(cfg, cache_dir=cache, jobs=jobs)
     t_sweep = time.perf_counter() - t0

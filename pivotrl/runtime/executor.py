@@ -107,7 +107,7 @@ class Executor:
     # ------------------------------------------------------------------ devices
     def wait_ready(self) -> list[dict[str, Any]]:
         """Every device actor's `info`, once all have started (within a shift's limit)."""
-        return self.limits.get([a.info.remote() for a in self.actors.values()], "shift", "device actors start", list(self.actors))
+        return self.limits.get([a.info.remote() for a in self.actors.values()], "shift", "device actors starting", list(self.actors))
 
     def handle(self, device: int) -> tuple[Any, int]:
         """`device`'s current actor and its generation, read together (a respawn on another thread
