@@ -12,10 +12,8 @@ Any other file's `ray_session` is its own, ended with the file.
 """
 from __future__ import annotations
 
-#: In the order they run in (`tests/conftest.py` LONG_FILES lists them so). The chaos soak goes
-#: first, on devices started for it: its kills are timed (one every 2 s), and its 3-step run on
-#: warm devices ended in ~3 s, before the first. A file that releases the kept cluster (a run of
-#: another shape: local modes' 2-device executor) goes last.
+#: In the order they run in (`tests/conftest.py` LONG_FILES lists them so). A file that releases
+#: the kept cluster (a run of another shape: local modes' 2-device executor) goes last.
 SHARED_RAY_FILES = ("tests/bench/test_chaos.py", "tests/e2e/test_device_faults.py", "tests/e2e/test_elastic.py",
                     "tests/e2e/test_local_modes.py")
 

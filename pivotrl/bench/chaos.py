@@ -1,19 +1,20 @@
 """Chaos soak: the default `cluster=local` pivot run with a device killed every N seconds, in every
 phase of the device loop, beside an unkilled run of the same seed.
 
-`python -m pivotrl.bench chaos [--json PATH] [--every-s N] [--phases submit,poll,...] [--seed S]
-[--max-restarts R] [--no-baseline] [--out DIR] [-o key=value ...]`
+`python -m pivotrl.bench chaos [--json PATH] [--every-s N | --every-points N] [--phases submit,poll,...]
+[--seed S] [--max-restarts R] [--no-baseline] [--out DIR] [-o key=value ...]`
 
 Owns `soak(overrides, run_dir, chaos)` (one soaked run, resumed after every stop) and `account`
 (what the run folder says happened). The kills come from `runtime.faults.Chaos`: every `--every-s`
-seconds it kills the device that reaches the next phase of the cycle (`--phases`, default all of
-`faults.PHASES`: submit, poll, shift down and up, training, checkpoint, weight load, a lent
-training home, re-host) right there in the loop. A device that dies in a training step (or while
-its checkpoint is written) stops the run with how to resume (the documented behaviour), so the
-soak resumes it (`train.resume=true`, same folder; `train.allow_fresh_start=true`: a stop before the
-first checkpoint completed starts over), at most `--max-restarts` times. The crash-loop
-rule is set out of the way (`cluster.max_respawns`, `cluster.respawn_window_s`: `NO_RETIRE`), so
-no device leaves the pool by design; any that does is reported (`lost_devices`).
+seconds (or every `--every-points` fault points, whatever the run's speed) it kills the device that
+reaches the next phase of the cycle (`--phases`, default all of `faults.PHASES`: submit, poll, shift
+down and up, training, checkpoint, weight load, a lent training home, re-host) right there in the
+loop. A device that dies in a training step (or while its checkpoint is written) stops the run with
+how to resume (the documented behaviour), so the soak resumes it (`train.resume=true`, same folder;
+`train.allow_fresh_start=true`: a stop before the first checkpoint completed starts over), at most
+`--max-restarts` times. The crash-loop rule is set out of the way (`cluster.max_respawns`,
+`cluster.respawn_window_s`: `NO_RETIRE`), so no device leaves the pool by design; any that does is
+reported (`lost_devices`).
 
 Reported (table and JSON): kills fired (by phase) and passed over, device deaths the runtime
 recorded and respawns, restarts (resumes), steps completed out of `train.steps`, samples lost (a
@@ -112,7 +113,10 @@ def main(argv: list[str]) -> int:
     from pivotrl.runtime.faults import PHASES, Chaos
 
     ap = parser(__doc__.splitlines()[0])
-    ap.add_argument("--every-s", type=float, default=20.0, help="seconds between kills")
+    every = ap.add_mutually_exclusive_group()
+    every.add_argument("--every-s", type=float, default=20.0, help="seconds between kills")
+    every.add_argument("--every-points", type=int, default=None,
+                       help="fault points between kills instead (any phase, any device)")
     ap.add_argument("--phases", default=",".join(PHASES), help=f"phases to cycle through (of {', '.join(PHASES)})")
     ap.add_argument("--seed", type=int, default=0, help="the run's seed (both runs) and the chaos draws")
     ap.add_argument("--max-restarts", type=int, default=10)
@@ -125,7 +129,8 @@ def main(argv: list[str]) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="pivotrl_chaos_"))
     overrides = [*DEFAULT, f"seed={args.seed}", *args.override]
     r = resolve(_compose(overrides))
-    chaos = Chaos(args.every_s, tuple(p for p in args.phases.split(",") if p), seed=args.seed)
+    every, unit = (args.every_points, "points") if args.every_points is not None else (args.every_s, "s")
+    chaos = Chaos(every, tuple(p for p in args.phases.split(",") if p), seed=args.seed, unit=unit)
     got = soak([*overrides, *NO_RETIRE], out / "chaos", chaos, args.max_restarts)
     soaked = account(out / "chaos", got["summary"], r.steps, r.prompts_per_step * r.group_size)
     kills: dict[str, int] = {}
@@ -140,10 +145,10 @@ def main(argv: list[str]) -> int:
                                                                      r.prompts_per_step * r.group_size).items()
                                            if k != "lost_devices"},
                      "kills": 0, "restarts": 0, "lost_devices": 0, "wall_s": base["wall_s"]})
-    print_table(rows, f"chaos soak: a device killed every {args.every_s:g} s ({out})")
+    print_table(rows, f"chaos soak: a device killed every {every:g} {unit} ({out})")
     print(f"kills by phase: {json.dumps(kills)}; passed over: {json.dumps(chaos.missed)}")
     for s in got["stops"]:
         print(f"stopped and resumed: {s}")
     write_json(args.json, "chaos", rows, kills=chaos.fired, kills_by_phase=kills, passed_over=chaos.missed,
-               stops=got["stops"], every_s=args.every_s, overrides=overrides, out=str(out))
+               stops=got["stops"], every=every, unit=unit, overrides=overrides, out=str(out))
     return 0

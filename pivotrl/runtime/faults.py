@@ -1,18 +1,17 @@
 """Named fault points of the real device loop, for kill tests and the chaos soak (test-only in effect).
 
-The driver and the executor call `point(phase, device, actor)` at each place where a device may
-die: just before a `submit` reaches it, after a poll of it reported tokens or completions, before a
-shift down or shift up call, before a training step, once a checkpoint's background write has
-started on the training ranks, before a weight publish (the rollout engines' weight load), when a
-training-home device holding the trainer's offloaded state was lent to inference, and before a
-respawned device is re-hosted (`PHASES`). With no hook installed
-(every real run) `point` returns at once. A test installs one with `set_hook(fn)`; `fn(phase,
-device, actor)` runs synchronously in the loop, so a kill it makes lands exactly at that phase.
-Three such hooks: `kill_at` kills one device once (deterministic kill tests), `Chaos` kills a
-device every N seconds, cycling through the phases (`python -m pivotrl.bench chaos`); each kill
-waits until Ray reports the actor dead (`kill_device`). `stall_at` makes a device hang instead,
-holding its step lock as a stuck engine call would, so the call that follows runs into its time
-limit (`cluster.limits.*`).
+The driver and the executor call `point(phase, device, actor)` at each place where a device may die:
+just before a `submit` reaches it, after a poll of it reported tokens or completions, before a shift
+down or shift up call, before a training step, once a checkpoint's background write has started on
+the training ranks, before a weight publish (the rollout engines' weight load), when a training-home
+device holding the trainer's offloaded state was lent to inference, and before a respawned device is
+re-hosted (`PHASES`). With no hook installed (every real run) `point` returns at once. A test
+installs one with `set_hook(fn)`; `fn(phase, device, actor)` runs synchronously in the loop, so a
+kill it makes lands exactly at that phase. Three such hooks: `kill_at` kills one device once
+(deterministic kill tests), `Chaos` kills a device every N seconds or every N fault points, cycling
+through the phases (`python -m pivotrl.bench chaos`); each kill waits until Ray reports the actor
+dead (`kill_device`). `stall_at` makes a device hang instead, holding its step lock as a stuck
+engine call would, so the call that follows runs into its time limit (`cluster.limits.*`).
 """
 from __future__ import annotations
 
@@ -82,26 +81,34 @@ def kill_at(phase: str | tuple[str, ...], device: int | None = None, after: int 
 
 
 class Chaos:
-    """A hook that kills a device every `every_s` seconds, in turn at each of `phases`.
+    """A hook that kills a device every `every` seconds (`unit="s"`) or every `every` fault points
+    (`unit="points"`: any phase, any device), in turn at each of `phases`.
 
-    Every `every_s` seconds (from the first fault point) it arms for the next phase of the cycle;
-    the `skip`-th point of that phase reached after that (`skip` drawn from 0..2 by the seeded
-    `random.Random(seed)`, so the device varies) kills the device there, and the timer restarts.
-    A phase not reached within `every_s` more seconds (a pivot run that never shifts down while
-    armed, a checkpoint that is not due) is passed over for the next one (`missed` counts them).
-    `fired` lists each kill: `{"t": seconds since the first point, "phase", "device"}`."""
+    Every `every` units (from the first fault point) it arms for the next phase of the cycle; the
+    `skip`-th point of that phase reached after that (`skip` drawn from 0..2 by the seeded
+    `random.Random(seed)`, so the device varies) kills the device there, and the interval restarts.
+    A phase not reached within `every` more units (a pivot run that never shifts down while armed, a
+    checkpoint that is not due) is passed over for the next one (`missed` counts them). Seconds suit
+    a soak of a given length; points make a short run's kills independent of how fast it goes (a run
+    on warm devices can end before a clock's first kill). `fired` lists each kill:
+    `{"t": units since the first point, "phase", "device"}`."""
 
-    def __init__(self, every_s: float, phases: tuple[str, ...] = PHASES, seed: int = 0) -> None:
+    UNITS = ("s", "points")
+
+    def __init__(self, every: float, phases: tuple[str, ...] = PHASES, seed: int = 0, unit: str = "s") -> None:
         import random
 
-        if not every_s > 0:
-            raise ValueError(f"chaos every_s={every_s}: must be > 0 seconds")
+        if unit not in self.UNITS:
+            raise ValueError(f"chaos unit={unit!r}: allowed {', '.join(self.UNITS)}")
+        if not every > 0:
+            raise ValueError(f"chaos every={every} {unit}: must be > 0")
         _check_phases(tuple(phases))
-        self.every_s, self.phases, self.rng = float(every_s), tuple(phases), random.Random(seed)
+        self.every, self.unit, self.phases, self.rng = float(every), unit, tuple(phases), random.Random(seed)
         self.fired: list[dict[str, Any]] = []
         self.missed: dict[str, int] = {}
         self._t0: float | None = None
-        self._due = 0.0  # time (since t0) the next kill is armed from
+        self._points = 0  # fault points seen
+        self._due = 0.0  # units (since the first point) the next kill is armed from
         self._turn = 0  # index into phases of the armed one
         self._skip = self.rng.randint(0, 2)
 
@@ -109,14 +116,17 @@ class Chaos:
     def target(self) -> str:
         return self.phases[self._turn % len(self.phases)]
 
+    def _elapsed(self) -> float:
+        return time.monotonic() - self._t0 if self.unit == "s" else float(self._points)
+
     def __call__(self, phase: str, device: int, actor: Any) -> None:
-        now = time.monotonic()
+        self._points += 1
         if self._t0 is None:
-            self._t0, self._due = now, self.every_s
-        t = now - self._t0
+            self._t0, self._due = time.monotonic(), self.every
+        t = self._elapsed()
         if t < self._due:
             return
-        if t > self._due + self.every_s:  # the armed phase did not come: pass it over
+        if t > self._due + self.every:  # the armed phase did not come: pass it over
             self.missed[self.target] = self.missed.get(self.target, 0) + 1
             self._turn += 1
             self._due = t
@@ -129,7 +139,7 @@ class Chaos:
         self.fired.append({"t": round(t, 3), "phase": phase, "device": int(device)})
         self._turn += 1
         self._skip = self.rng.randint(0, 2)
-        self._due = time.monotonic() - self._t0 + self.every_s
+        self._due = self._elapsed() + self.every
 
 
 def stall_at(phase: str, device: int, seconds: float, times: int = 1) -> Callable:

@@ -1,6 +1,6 @@
-"""The chaos hook (`runtime.faults.Chaos`) on a fake clock: a kill every N seconds, in turn at each
-phase of the cycle, at a seeded-random one of the devices reaching it; a phase that does not come
-is passed over. (Real kills at each phase: tests/e2e/test_device_faults.py; the soak:
+"""The chaos hook (`runtime.faults.Chaos`) on a fake clock: a kill every N seconds (or every N fault
+points), in turn at each phase of the cycle, at a seeded-random one of the devices reaching it; a
+phase that does not come is passed over. (Real kills at each phase: tests/e2e/test_device_faults.py; the soak:
 tests/bench/test_chaos.py.)"""
 from __future__ import annotations
 
@@ -43,8 +43,27 @@ def test_a_phase_that_does_not_come_is_passed_over(clock):
     assert chaos.missed["shift_down"] >= 1 and all(k["phase"] == "poll" for k in chaos.fired) and chaos.fired
 
 
+def test_a_kill_every_n_points_whatever_the_clock(clock):
+    """Counted in fault points, the kills land at the same points of the same sequence whether the
+    run is slow or fast: a short run on warm devices gets its kills too."""
+    now, killed = clock
+    runs = []
+    for dt in (0.001, 5.0):  # the same 120 points, 0.12 s or 600 s in all
+        chaos = faults.Chaos(10, ("submit", "poll", "train"), seed=3, unit="points")
+        for step in range(120):
+            now[0] = 1000.0 + step * dt
+            chaos(("submit", "poll", "train")[step % 3], step % 4, f"actor{step % 4}")
+        runs.append(chaos.fired)
+    assert runs[0] == runs[1] and [k["phase"] for k in runs[0][:3]] == ["submit", "poll", "train"]
+    gaps = [b["t"] - a["t"] for a, b in zip(runs[0], runs[0][1:])]
+    assert len(runs[0]) >= 8 and all(10 <= g <= 10 + 3 * 3 for g in gaps), gaps  # up to 2 skips, 3 points apart
+    assert len(killed) == 2 * len(runs[0])
+
+
 def test_bad_settings_name_themselves():
-    with pytest.raises(ValueError, match="every_s=0"):
+    with pytest.raises(ValueError, match="every=0 s: must be > 0"):
         faults.Chaos(0)
+    with pytest.raises(ValueError, match="unit='min': allowed s, points"):
+        faults.Chaos(1, unit="min")
     with pytest.raises(ValueError, match="fault phase 'nope': allowed submit"):
         faults.Chaos(1, ("nope",))

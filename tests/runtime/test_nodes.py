@@ -1,7 +1,8 @@
-"""The check of the cluster's nodes at start and the trainer's TCP rendezvous, on a 2-node
-`ray.cluster_utils.Cluster` (both nodes on this machine) where each node has its own view: its own
-Hugging Face cache (`HF_HUB_CACHE`) and its own `$PIVOTRL_TEST_SCRATCH`, as two machines without a
-shared filesystem would. The driver sees what node A sees."""
+"""Multi-node placement, the check of the cluster's nodes at start and the trainer's TCP rendezvous,
+on one 2-node `ray.cluster_utils.Cluster` (both nodes on this machine, 2 devices each) where each
+node has its own view: its own Hugging Face cache (`HF_HUB_CACHE`) and its own
+`$PIVOTRL_TEST_SCRATCH`, as two machines without a shared filesystem would. The driver sees what
+node A sees."""
 from __future__ import annotations
 
 import os
@@ -12,6 +13,8 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from pivotrl.runtime.cluster import ClusterResourceError, ClusterSpec, start_cluster  # noqa: E402
+from pivotrl.runtime.device import spawn_device  # noqa: E402
 from pivotrl.runtime.nodes import PROBE_PREFIX, ModelSource, NodeCheckError, check_nodes  # noqa: E402
 
 HUB_ID = "tiny-org/tiny-policy"
@@ -57,6 +60,26 @@ def nodes(tmp_path_factory):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def test_devices_of_a_node_share_a_ray_node(nodes):
+    cl = start_cluster(ClusterSpec(kind="local", num_devices=4, node_size=2))
+    actors = []
+    try:
+        actors = [spawn_device(cl, d) for d in range(4)]
+        ids = [i["node_id"] for i in ray.get([a.info.remote() for a in actors])]
+        assert ids[0] == ids[1] and ids[2] == ids[3], ids
+        assert ids[0] != ids[2], "the two cluster nodes must be on different Ray nodes"
+        assert [cl.node_of(d) for d in range(4)] == [0, 0, 1, 1]
+    finally:
+        for a in actors:
+            ray.kill(a)
+        cl.shutdown()
+
+
+def test_node_larger_than_any_ray_node_is_an_error(nodes):
+    with pytest.raises(ClusterResourceError, match=r"node_size=4.*largest node has 2"):
+        start_cluster(ClusterSpec(kind="local", num_devices=4, node_size=4, start_timeout_s=3))
 
 
 def _probes(folder):
@@ -118,9 +141,6 @@ def test_a_run_whose_node_lacks_a_model_stops_before_any_device_starts(nodes, tm
 def test_the_trainer_meets_over_tcp_at_rank_0s_node(nodes):
     """Rank 0's device actor names its node's address and a free port; ranks on two nodes form a
     gloo group there and all-reduce (no file anywhere)."""
-    from pivotrl.runtime.cluster import ClusterSpec, start_cluster
-    from pivotrl.runtime.device import spawn_device
-
     cl = start_cluster(ClusterSpec(kind="local", num_devices=4, node_size=2))
     actor = spawn_device(cl, 0)
     try:
