@@ -6,7 +6,9 @@ drops every rank of the lost trainer (one a poll respawned in mid-shift included
 respawned between its shift up and the shift's booking is not counted as a rank."""
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -250,8 +252,11 @@ class DeviceStub:
         self.shift_up = _Call(self._shift_up)
         self.shift_down = _Call(self._shift_down)
         self.drop_role = _Call(self._drop_role)
+        self.info = _Call(lambda: {"cores": [device], "accelerators": []})
+        self.specs: list = []  # the spec of each shift up it took
 
     def _shift_up(self, spec, weights, version):
+        self.specs.append(spec)
         if self.active == spec.role:
             raise RuntimeError(f"device {self.device}: shift_up({spec.role.value}) while "
                                f"{spec.role.value} is active; shift it down first")
@@ -281,14 +286,18 @@ def _get(ref, timeout=None):
 
 @pytest.fixture
 def stub_ex(monkeypatch):
-    """An executor over three `DeviceStub`s; device 1 is a training home lent to rollout (it keeps
-    its offloaded rank), and a lost trainer is rebuilt (from a checkpoint at version 0)."""
+    return _stub_executor(monkeypatch, 3)
+
+
+def _stub_executor(monkeypatch, num_devices):
+    """An executor over `num_devices` `DeviceStub`s; device 1 is a training home lent to rollout (it
+    keeps its offloaded rank), and a lost trainer is rebuilt (from a checkpoint at version 0)."""
     import ray
 
     monkeypatch.setattr(executor, "spawn_device", lambda cluster, d, g=0: DeviceStub(d, g))
     monkeypatch.setattr(ray, "kill", lambda actor, **k: None)
     monkeypatch.setattr(ray, "get", _get)
-    cluster = SimpleNamespace(spec=ClusterSpec(kind="local", num_devices=3), devices={})
+    cluster = SimpleNamespace(spec=ClusterSpec(kind="local", num_devices=num_devices), devices={})
     e = executor.Executor(cluster, specs=lambda slot, i: SimpleNamespace(role=slot.role, leader=None),
                           params=SimpleNamespace(version=lambda model: 0), model_of={},
                           train_recovery=lambda version: None)
@@ -378,16 +387,28 @@ def test_a_rank_respawned_right_after_its_shift_up_is_not_counted(stub_ex, monke
     assert e.value.devices == [2]
 
 
+def _serving(ex):
+    """`ex` as a runtime with a rollout model in GPS and specs of a lead (leader None) per replica."""
+    @dataclasses.dataclass(frozen=True)
+    class Spec:
+        role: Role
+        leader: int | None
+        placement: Any = None
+        engine: Any = dataclasses.field(default_factory=lambda: SimpleNamespace(
+            settings=SimpleNamespace(kv_capacity_tokens=64)))
+
+    ex.model_of = {Role.ROLLOUT: "policy"}
+    ex.params = SimpleNamespace(version=lambda model: 0, weights=lambda model: ("gps", 0))
+    ex.specs = lambda slot, i: Spec(slot.role, None if i == 0 else slot.first_device)
+    return ex
+
+
 def test_a_replica_device_respawned_right_after_its_shift_up_is_re_hosted(stub_ex, monkeypatch):
     """The same window on an inference slot: a stale poll finds device 2's actor dead right after its
     rollout shift up, and the respawn (outside any hosted slot then) carries no slot for the runtime
     to re-host. The shift re-hosts the fresh actor itself instead of booking it as serving (submits
     to it used to fail with "no active inference role" and stop the run)."""
-    ex = stub_ex
-    ex.model_of = {Role.ROLLOUT: "policy"}
-    ex.params = SimpleNamespace(version=lambda model: 0, weights=lambda model: ("gps", 0))
-    ex.specs = lambda slot, i: SimpleNamespace(role=slot.role, leader=None, engine=SimpleNamespace(
-        settings=SimpleNamespace(kv_capacity_tokens=64)))
+    ex = _serving(stub_ex)
     _dies_right_after_its_shift_up(ex, 2, monkeypatch)
     slot = Slot(Role.ROLLOUT, 2, 1)
     res = ex.run_shift(ShiftPlan(Role.ROLLOUT, up=[slot]))
@@ -397,6 +418,26 @@ def test_a_replica_device_respawned_right_after_its_shift_up_is_re_hosted(stub_e
     fresh = ex.actors[2]
     assert fresh.generation == 1 and fresh.active == Role.ROLLOUT, "the fresh actor was shifted up"
     assert ex.hosted[2] == slot and ex.role_of[2] == Role.ROLLOUT and ex.reachable(2)
+
+
+def test_a_tensor_parallel_lead_respawned_right_after_its_shift_up_is_re_hosted_as_the_lead(monkeypatch):
+    """The same window on the first device of a 2-device replica: the fresh actor is shifted up as
+    the replica's lead again (its engine spans both devices: the placement names both), and the
+    member keeps the member role it took, shifted up once."""
+    ex = _serving(_stub_executor(monkeypatch, 4))
+    _dies_right_after_its_shift_up(ex, 2, monkeypatch)
+    slot = Slot(Role.ROLLOUT, 2, 2)
+    res = ex.run_shift(ShiftPlan(Role.ROLLOUT, up=[slot]))
+    assert res.error is None, res.error
+    (d,) = ex.take_deaths()
+    assert d.device == 2 and d.slot is None
+    lead, member = ex.actors[2], ex.actors[3]
+    assert lead.generation == 1 and lead.active == Role.ROLLOUT
+    (spec,) = lead.specs
+    assert spec.leader is None and spec.placement.devices == (2, 3) and spec.placement.cores == (2, 3)
+    assert member.generation == 0 and [s.leader for s in member.specs] == [2], "the member was shifted up once"
+    assert ex.hosted[2] == ex.hosted[3] == slot and ex.reachable(2) and ex.reachable(3)
+    assert ex.serving() == {1: Role.ROLLOUT, 2: Role.ROLLOUT}  # 1: the lent training home
 
 
 def test_a_kept_cluster_keeps_only_the_actors_that_reset_in_time(monkeypatch):
