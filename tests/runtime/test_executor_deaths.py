@@ -388,7 +388,8 @@ def test_a_rank_respawned_right_after_its_shift_up_is_not_counted(stub_ex, monke
 
 
 def _serving(ex):
-    """`ex` as a runtime with a rollout model in GPS and specs of a lead (leader None) per replica."""
+    """`ex` as a runtime gives it: the rollout model in GPS, and role specs whose `leader` is None on a
+    replica's first device and that device on the others (its members)."""
     @dataclasses.dataclass(frozen=True)
     class Spec:
         role: Role
