@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from pivotrl.config.engine import EngineConfig
 from pivotrl.engines.vllm_worker import write_weights_file
+from pivotrl.orphans import remove_orphans
 
 if TYPE_CHECKING:
     from pivotrl.gps.handles import FileManifest
@@ -32,18 +33,8 @@ IPC_PREFIX = "pivotrl-vllm-ipc-"
 
 def remove_orphan_ipc_dirs(root: Path | None = None) -> list[Path]:
     """Delete the socket folders (in `root`, default the system temp folder) whose owner process is
-    gone: a SIGKILLed device actor never stops its engine. Returns the folders removed; one whose
-    name carries no pid, or whose pid is alive (even if reused since), is left as it is."""
-    removed = []
-    for d in Path(root or tempfile.gettempdir()).glob(f"{IPC_PREFIX}*-*"):
-        try:
-            os.kill(int(d.name[len(IPC_PREFIX):].split("-", 1)[0]), 0)
-        except ProcessLookupError:
-            shutil.rmtree(d, ignore_errors=True)
-            removed.append(d)
-        except (ValueError, PermissionError):
-            continue
-    return removed
+    gone: a SIGKILLed device actor never stops its engine. Returns the folders removed."""
+    return remove_orphans(Path(root or tempfile.gettempdir()), f"{IPC_PREFIX}*", IPC_PREFIX)
 
 
 def platform_is_cpu() -> bool:

@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from pivotrl.config.rl import BootstrapConfig, DataConfig
+from pivotrl.orphans import remove_orphans
 from pivotrl.rl.data import Example, make_problem
 from pivotrl.rl.genrm import judge_messages, parse_score, reference_judgement, ParseStats
 from pivotrl.rl.rewards import extract_answer, verifiable_score
@@ -193,18 +194,6 @@ def evaluate_genrm(model, tok, examples: list[Example], responses: list[str], ma
 # ---------------------------------------------------------------- bootstrap + cache
 
 
-def _remove_stale_tmp(folder: Path) -> None:
-    """Delete tmp folders left by bootstraps that were killed (their pid is gone)."""
-    for tmp in folder.glob(".*.tmp-*"):
-        try:
-            pid = int(tmp.name.rsplit(".tmp-", 1)[1].split("-", 1)[0])
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(tmp, ignore_errors=True)
-        except (ValueError, IndexError, PermissionError):
-            continue
-
-
 def cached_entry(entry: Path, build, force: bool = False, seed: Path | None = None) -> bool:
     """Make the cache entry folder `entry` with `build(tmp_folder)` unless it holds a `report.json`
     already (or `force`); return whether it was cached. A `seed` folder holding a `report.json`
@@ -227,7 +216,7 @@ def cached_entry(entry: Path, build, force: bool = False, seed: Path | None = No
 
 
 def _build_entry(entry: Path, build, force: bool) -> bool:
-    _remove_stale_tmp(entry.parent)
+    remove_orphans(entry.parent, ".*.tmp-*", ".tmp-")  # tmp folders of killed builds
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-{os.getpid()}-", dir=entry.parent))
     try:
         build(tmp)

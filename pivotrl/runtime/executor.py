@@ -6,30 +6,29 @@ Owns (parameters for shift up come from `params.ParamSource`, the GPS):
   `assign` = submit a fresh request, or a resume carrying the tokens generated so far (buffered,
   coalesced per device and not waited for: `submits.Submits`).
 - `Executor.run_shift(plan)`: shift down every replica in `plan.down` (or the training unit), then
-  shift up every slot in `plan.up`, each half run on all its devices at once and timed. The
-  measured durations go to the controller (`ShiftDone.measured`), which folds them into the
-  planner's `tau_shift`.
+  shift up every slot in `plan.up`, each half run on all its devices at once and timed. The measured
+  durations go to the controller (`ShiftDone.measured`), which folds them into the planner's
+  `tau_shift`.
 - Device death: any call that finds a device actor dead respawns it on the same bundle (it comes
   back holding no role) and records one `Death` (`take_deaths`, each death once, whichever call
   found it). Every call reads its actor and that actor's generation together (`handle`) and passes
   the generation to `respawn`, so a call that failed on an actor already replaced (the other call
-  found the death first) never kills the fresh one; the runtime puts that device's sequences back
-  in the queue with their last reported tokens. Until the runtime re-hosts it (`rehost`) or a shift
+  found the death first) never kills the fresh one; the runtime puts that device's sequences back in
+  the queue with their last reported tokens. Until the runtime re-hosts it (`rehost`) or a shift
   brings it up, no move reaches the fresh actor (it is `unhosted`; its sequences are the runtime's
   to re-queue). A dead device during a shift is shifted up again on its fresh actor.
-- Training state: the devices whose actors hold a trainer rank, active or offloaded
-  (`train_ranks`: a device counts only if its actor is the one its shift up went to). If one of
-  them dies, the trainer's state is gone from that rank; the next training shift up drops every
-  rank it may still hold and rebuilds them from the checkpoint at the policy's current version
-  (`train_recovery`, the launch's), or fails naming the checkpoint it lacks: never a silent
-  start from the base model.
+- Training state: the devices whose actors hold a trainer rank, active or offloaded (`train_ranks`:
+  a device counts only if its actor is the one its shift up went to). If one of them dies, the
+  trainer's state is gone from that rank; the next training shift up drops every rank it may still
+  hold and rebuilds them from the checkpoint at the policy's current version (`train_recovery`, the
+  launch's), or fails naming the checkpoint it lacks: never a silent start from the base model.
 - Crash loops: a device that died more than `max_respawns` times within `respawn_window_s` is
   flagged (`Death.crash_loop`); the runtime then `retire`s it (it leaves the pool).
-- Time limits (`limits.py`): an inference device past its call's limit is replaced as a dead one
-  is; a training call past it, or a device past it twice in one shift, raises `TimeLimitExceeded`.
-- Replicas of several devices (`tp` > 1): the slot's first device runs the engine across the
-  slot (`roles.EnginePlacement`, read from the device actors' cores and accelerator ids at shift
-  up), the others host a `roles.MemberHost`. Moves, polls and weight loads go to the first device
+- Time limits (`limits.py`): an inference device past its call's limit is replaced as a dead one is;
+  a training call past it, or a device past it twice in one shift, raises `TimeLimitExceeded`.
+- Replicas of several devices (`tp` > 1): the slot's first device runs the engine across the slot
+  (`roles.EnginePlacement`, read from the device actors' cores and accelerator ids at shift up), the
+  others host a `roles.MemberHost`. Moves, polls and weight loads go to the first device
   (`serving`); a member that dies is respawned and re-joins its replica, whose engine goes on.
 
 Knows nothing about the deployment modes: it executes what the controller decided.
@@ -107,7 +106,8 @@ class Executor:
     # ------------------------------------------------------------------ devices
     def wait_ready(self) -> list[dict[str, Any]]:
         """Every device actor's `info`, once all have started (within a shift's limit)."""
-        return self.limits.get([a.info.remote() for a in self.actors.values()], "shift", "device actors starting", list(self.actors))
+        return self.limits.get([a.info.remote() for a in self.actors.values()], "shift", "device actors starting",
+                               list(self.actors))
 
     def handle(self, device: int) -> tuple[Any, int]:
         """`device`'s current actor and its generation, read together (a respawn on another thread
@@ -414,12 +414,12 @@ class Executor:
 
     # ------------------------------------------------------------------ weights
     def publish_policy(self) -> tuple[int, list[dict[str, Any]]]:
-        """Load GPS's current policy into every rollout replica and wait until each holds it (a
-        `submit` sent right after an unawaited load could be admitted first, under the old weights).
-        Each device reads its node's GPS copy itself; the driver sends only the version. Returns (version, one measured load per device: `{"device", "seconds", "bytes",
-        "path", "gps_version"}`, `seconds` the time its decoding stood still). A device that died,
-        failed the load (its engine shut itself down) or ran past the load's limit is respawned
-        and skipped: its sequences go back to the queue when the runtime takes that death."""
+        """Load GPS's current policy into every rollout replica and wait until each holds it (a `submit` sent
+        right after an unawaited load could be admitted first, under the old weights). Each device reads its
+        node's GPS copy itself; the driver sends only the version. Returns (version, one measured load per
+        device: `{"device", "seconds", "bytes", "path", "gps_version"}`, `seconds` the time its decoding stood
+        still). A device that died, failed the load (its engine shut itself down) or ran past the load's limit
+        is respawned and skipped: its sequences go back to the queue when the runtime takes that death."""
         weights, version = self.params.weights("policy")
         h = self.handles(d for d, r in self.serving().items() if r == Role.ROLLOUT)
         for d, (actor, _) in h.items():

@@ -213,19 +213,3 @@ def test_the_one_process_cpu_engine_flag_is_set_only_while_an_engine_starts(monk
         assert os.environ[key] == "0"
     assert os.environ.get(key) == before
 
-
-def test_only_the_socket_folders_of_dead_owners_are_removed(tmp_path):
-    """`vllm_client.remove_orphan_ipc_dirs`: a folder named after a dead owner's pid goes; one of a
-    live owner, one whose name carries no pid (an older build's) and other files stay."""
-    import subprocess
-
-    from pivotrl.engines.vllm_client import IPC_PREFIX, remove_orphan_ipc_dirs
-
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    names = [f"{IPC_PREFIX}{dead.pid}-ab12", f"{IPC_PREFIX}{os.getpid()}-cd34", f"{IPC_PREFIX}k3j_x9", "other-1-2"]
-    for n in names:
-        (tmp_path / n).mkdir()
-        (tmp_path / n / "sock").write_text("")
-    assert remove_orphan_ipc_dirs(tmp_path) == [tmp_path / names[0]]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])

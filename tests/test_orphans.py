@@ -1,0 +1,27 @@
+"""`pivotrl.orphans.remove_orphans`: a folder named after a dead owner's pid goes; one of a live
+owner, one whose name carries no pid, and other files stay. Both namings the project uses: a
+bootstrap cache entry's tmp folder (`models/sft.py`) and a vLLM engine's socket folder
+(`engines/vllm_client.py`; its real restart: tests/engines/test_vllm_engine.py)."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from pivotrl.orphans import remove_orphans
+
+
+@pytest.mark.parametrize("pattern, marker, name", [
+    (".*.tmp-*", ".tmp-", ".k3y.tmp-{}-ab12"),
+    ("pivotrl-vllm-ipc-*", "pivotrl-vllm-ipc-", "pivotrl-vllm-ipc-{}-ab12"),
+])
+def test_only_the_folders_of_dead_owners_are_removed(tmp_path, pattern, marker, name):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    names = [name.format(dead.pid), name.format(os.getpid()), name.format("nopid").replace("-ab12", ""), "other-1-2"]
+    for n in names:
+        (tmp_path / n).mkdir()
+        (tmp_path / n / "sock").write_text("")
+    assert remove_orphans(tmp_path, pattern, marker) == [tmp_path / names[0]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])
