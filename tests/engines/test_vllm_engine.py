@@ -13,6 +13,7 @@ import pytest
 
 from pivotrl.config.engine import EngineConfig
 from pivotrl.engines.protocol import FINISH_LENGTH, FINISH_STOP, GenerationRequest, SamplingParams
+from pivotrl.engines.vllm_client import IPC_PREFIX
 from pivotrl.engines.vllm_engine import vllm_available
 
 from .conftest import hf_greedy
@@ -26,7 +27,7 @@ def _orphan_ipc_dir(root: Path) -> Path:
     """A socket folder in `root` as an engine whose owner died without stopping it leaves one."""
     dead = subprocess.Popen(["true"])
     dead.wait()
-    d = root / f"pivotrl-vllm-ipc-{dead.pid}-x1y2"
+    d = root / f"{IPC_PREFIX}{dead.pid}-x1y2"
     d.mkdir()
     (d / "sock").write_text("")
     return d
@@ -253,7 +254,7 @@ def test_release_and_reacquire_memory(veng, cpu_ref, prompts):
         times = veng.reacquire_memory()
         assert times["restart_s"] > 0 and veng.stats().version == 0
         assert veng.ipc_dir.is_dir() and veng.ipc_dir != sockets
-        assert not orphan.exists() and veng.ipc_dir.name.startswith(f"pivotrl-vllm-ipc-{os.getpid()}-"), \
+        assert not orphan.exists() and veng.ipc_dir.name.startswith(f"{IPC_PREFIX}{os.getpid()}-"), \
             "a start removes the socket folders of dead owners, and names its own after its owner"
         assert [c.token_ids for c in veng.generate(_reqs(prompts, base=600))] == cpu_ref
     finally:
