@@ -12,9 +12,12 @@ Any other file's `ray_session` is its own, ended with the file.
 """
 from __future__ import annotations
 
-#: In the order they run in (`tests/conftest.py` LONG_FILES lists them so). A file that releases
-#: the kept cluster (a run of another shape: local modes' 2-device executor) goes last.
-SHARED_RAY_FILES = ("tests/bench/test_chaos.py", "tests/e2e/test_device_faults.py", "tests/e2e/test_elastic.py",
+#: In the order they run in (`tests/conftest.py` LONG_FILES lists them so). The elastic run goes
+#: first, on devices started for it: whether its planner grows the trainer depends on the step times
+#: it measures, and after other runs on warm devices, on a loaded host, it once kept the home set and
+#: its kill never came. A file that releases the kept cluster (a run of another shape: local modes'
+#: 2-device executor) goes last.
+SHARED_RAY_FILES = ("tests/e2e/test_elastic.py", "tests/bench/test_chaos.py", "tests/e2e/test_device_faults.py",
                     "tests/e2e/test_local_modes.py")
 
 #: The xdist work unit of `SHARED_RAY_FILES`.

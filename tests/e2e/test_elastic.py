@@ -3,10 +3,12 @@ borrowed device, its state resharded through host memory (GPS), and a borrowed d
 mid-step restarts the step on the device still held, from that state: no sample lost or twice.
 
 One run of 4 device actors (the real path exists only with them: the state store in Ray's GPS,
-the trainer's process groups re-formed per size), so `slow`. Deterministic: with staleness 0 no
-released work is left when a batch is ready, so once a step was measured the planner's optimistic
-fit grows the trainer from its home set (device 3) to 2 devices (`elastic_max_devices=2`) at the
-next batch; device 2 is a training rank only then, and the fault hook kills it there.
+the trainer's process groups re-formed per size), so `slow`. With staleness 0 no released work is
+left when a batch is ready, so once a step was measured the planner's optimistic fit grows the
+trainer from its home set (device 3) to 2 devices (`elastic_max_devices=2`) at the next batch;
+device 2 is a training rank only then, and the fault hook kills it there. That growth rests on the
+step times measured: it runs first in its Ray session (`tests/shared_ray.py`), on devices started
+for it; after other runs had warmed them, on a loaded host, the planner once kept the home set.
 """
 from __future__ import annotations
 
