@@ -13,10 +13,9 @@ Any other file's `ray_session` is its own, ended with the file.
 from __future__ import annotations
 
 #: In the order they run in (`tests/conftest.py` LONG_FILES lists them so). The elastic run goes
-#: first, on devices started for it: whether its planner grows the trainer depends on the step times
-#: it measures, and after other runs on warm devices, on a loaded host, it once kept the home set and
-#: its kill never came. A file that releases the kept cluster (a run of another shape: local modes'
-#: 2-device executor) goes last.
+#: first, on devices started for it (it once failed after the others, on warm devices and a loaded
+#: host: its docstring says why, and how its step is now long enough to grow either way). A file
+#: that releases the kept cluster (a run of another shape: local modes' 2-device executor) goes last.
 SHARED_RAY_FILES = ("tests/e2e/test_elastic.py", "tests/bench/test_chaos.py", "tests/e2e/test_device_faults.py",
                     "tests/e2e/test_local_modes.py")
 

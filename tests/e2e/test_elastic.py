@@ -6,9 +6,17 @@ One run of 4 device actors (the real path exists only with them: the state store
 the trainer's process groups re-formed per size), so `slow`. With staleness 0 no released work is
 left when a batch is ready, so once a step was measured the planner's optimistic fit grows the
 trainer from its home set (device 3) to 2 devices (`elastic_max_devices=2`) at the next batch;
-device 2 is a training rank only then, and the fault hook kills it there. That growth rests on the
-step times measured: it runs first in its Ray session (`tests/shared_ray.py`), on devices started
-for it; after other runs had warmed them, on a loaded host, the planner once kept the home set.
+device 2 is a training rank only then, and the fault hook kills it there.
+
+Whether it grows is the planner's own call: the step seconds a second device saves against what
+growing costs. If the trainer still holds its home device when the batch is ready, growing costs a
+training shift (`tau_shift`, ~0.26 s here) that keeping it does not. At one PPO epoch this tiny
+step is ~0.23 s, so a second device saves ~0.12 s: it grew only when the trainer had already let
+its home go (benefit 0.12-0.14 s), never when it still held it, which timing decides; on a loaded
+host the planner once kept the home set and the kill never came. At 16 epochs the step is ~1.2 s
+(1.5 s beside a spinning process) and it grows either way: the first growth came 0.35 s sooner
+with the home still held (quiet host), 0.77 s with it let go (a spinning process beside the run),
+2026-12-04.
 """
 from __future__ import annotations
 
@@ -34,7 +42,7 @@ def test_the_trainer_grows_reshards_and_survives_a_borrowed_device(ray_session, 
     try:
         summary = run(make_local_cfg(tiny_assets, "pivot", [
             "deploy.planner.elastic_training=true", "deploy.planner.elastic_max_devices=2",
-            "deploy.staleness=0", "train.steps=4"]), tmp_path)
+            "deploy.staleness=0", "train.steps=4", "algo.ppo_epochs=16"]), tmp_path)
     finally:
         faults.set_hook(None)
     assert h.fired == [("train", 2)]
