@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
     from pivotrl.config.cluster import ClusterConfig
+    from pivotrl.runtime.reaper import Reaper
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ class Cluster:
     """The GCS address of the Ray in use (logged at start)."""
     temp_dir: str | None = None
     """The private head's own temp dir (`address=local`), removed at shutdown."""
-    reaper: Any = None
+    reaper: Reaper | None = None
     """The private head's `runtime.reaper.Reaper`: ends the head's processes by their recorded
     pids when this driver dies (even by SIGKILL), and what is left of them at shutdown."""
     devices: dict[int, tuple[Any, int]] = field(default_factory=dict)

@@ -343,7 +343,7 @@ class DeviceWorker:
             return None
         return host.worker.wait_checkpoint(timeout_s)
 
-    def save_state(self, store: Any, name: str) -> dict[str, float]:
+    def save_state(self, store: GlobalParameterStore, name: str) -> dict[str, float]:
         """Collective: this rank's part of the trainer's state into GPS (elastic training)."""
         return self._trainer().save_state(store, name)
 

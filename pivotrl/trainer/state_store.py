@@ -37,13 +37,17 @@ import json
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from pivotrl.trainer.row_write import collective_row_write
+
+if TYPE_CHECKING:
+    from pivotrl.gps.store import GlobalParameterStore
+    from pivotrl.trainer.trainer_worker import TrainerWorker
 
 __all__ = ["META", "StateHandle", "read_state", "register_state", "state_bytes", "state_spec", "stored_version",
            "write_state"]
@@ -185,7 +189,7 @@ def _optim_step(worker: Any) -> float:
     return steps.pop() if steps else 0.0
 
 
-def write_state(worker: Any, store: Any, name: str) -> dict[str, float]:
+def write_state(worker: TrainerWorker, store: GlobalParameterStore, name: str) -> dict[str, float]:
     """Write `worker`'s whole state as a new version of GPS model `name` (module docstring).
     Collective. Returns `{"gps_version", "seconds", "bytes"}` (bytes this rank wrote)."""
     t0 = time.perf_counter()
@@ -246,7 +250,7 @@ def stored_version(store: Any, name: str) -> int | None:
         lease.release()
 
 
-def read_state(worker: Any, store: Any, name: str) -> dict[str, float]:
+def read_state(worker: TrainerWorker, store: GlobalParameterStore, name: str) -> dict[str, float]:
     """Fill `worker` (any world size) from the current version of GPS model `name` (module
     docstring). Collective. Returns `{"gps_version", "seconds", "bytes"}` (bytes this rank read)."""
     t0 = time.perf_counter()
