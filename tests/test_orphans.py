@@ -9,19 +9,20 @@ import subprocess
 
 import pytest
 
+from pivotrl.engines.vllm_client import IPC_PREFIX, remove_orphan_ipc_dirs
 from pivotrl.orphans import remove_orphans
 
 
-@pytest.mark.parametrize("pattern, marker, name", [
-    (".*.tmp-*", ".tmp-", ".k3y.tmp-{}-ab12"),
-    ("pivotrl-vllm-ipc-*", "pivotrl-vllm-ipc-", "pivotrl-vllm-ipc-{}-ab12"),
-])
-def test_only_the_folders_of_dead_owners_are_removed(tmp_path, pattern, marker, name):
+@pytest.mark.parametrize("remove, name", [
+    (lambda root: remove_orphans(root, ".*.tmp-*", ".tmp-"), ".k3y.tmp-{}-ab12"),
+    (remove_orphan_ipc_dirs, IPC_PREFIX + "{}-ab12"),
+], ids=["bootstrap-tmp", "vllm-ipc"])
+def test_only_the_folders_of_dead_owners_are_removed(tmp_path, remove, name):
     dead = subprocess.Popen(["true"])
     dead.wait()
     names = [name.format(dead.pid), name.format(os.getpid()), name.format("nopid").replace("-ab12", ""), "other-1-2"]
     for n in names:
         (tmp_path / n).mkdir()
         (tmp_path / n / "sock").write_text("")
-    assert remove_orphans(tmp_path, pattern, marker) == [tmp_path / names[0]]
+    assert remove(tmp_path) == [tmp_path / names[0]]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])

@@ -63,7 +63,7 @@ class StateHandle:
     """Where a trainer's state lives: a GPS store (a picklable Ray store handle) and the model
     name in it. Travels to the device actors in `RoleSpec.state`."""
 
-    store: Any
+    store: GlobalParameterStore
     name: str
 
 
@@ -100,7 +100,7 @@ def state_bytes(spec: Any) -> int:
     return int(spec.nbytes)
 
 
-def register_state(store: Any, name: str, model_path: Any) -> int:
+def register_state(store: GlobalParameterStore, name: str, model_path: Any) -> int:
     """Register the trainer's state of `model_path` as GPS model `name` (no version yet); returns
     its bytes. Raises GPS's `BudgetError` when the store's host memory cannot hold it."""
     spec = state_spec(model_path)
@@ -155,7 +155,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _rows(worker: Any, create_moments: bool) -> list[tuple[str, int, torch.Tensor]]:
+def _rows(worker: TrainerWorker, create_moments: bool) -> list[tuple[str, int, torch.Tensor]]:
     """(stored name, first row, this rank's rows: a view of its shard) of every stored tensor.
     AdamW's moments of a parameter that has none yet (no step taken) are created as zeros when
     `create_moments`, else given as zeros not attached to the optimizer (what a write stores)."""
@@ -182,7 +182,7 @@ def _rows(worker: Any, create_moments: bool) -> list[tuple[str, int, torch.Tenso
     return out
 
 
-def _optim_step(worker: Any) -> float:
+def _optim_step(worker: TrainerWorker) -> float:
     steps = {float(st["step"]) for st in worker.optimizer.state.values() if "step" in st}
     if len(steps) > 1:
         raise RuntimeError(f"AdamW's step counts differ across parameters ({sorted(steps)[:4]}): not one trainer state")
@@ -218,7 +218,7 @@ def write_state(worker: TrainerWorker, store: GlobalParameterStore, name: str) -
     return {"gps_version": float(version), "seconds": time.perf_counter() - t0, "bytes": float(written)}
 
 
-def _open(store: Any, name: str, version: int):
+def _open(store: GlobalParameterStore, name: str, version: int):
     """(a leased handle to release, name -> full CPU tensor view) of `version` on this process's
     GPS node: the node's buffer mapped as a file, else a GPS read of the whole state."""
     node = store.local_node()
@@ -238,7 +238,7 @@ def _open(store: Any, name: str, version: int):
     return res, res.shards[dev]
 
 
-def stored_version(store: Any, name: str) -> int | None:
+def stored_version(store: GlobalParameterStore, name: str) -> int | None:
     """The policy version of the state GPS model `name` holds now (None: none written yet)."""
     v = int(store.current_version(name))
     if v < 0:

@@ -58,6 +58,5 @@ def test_the_trainer_grows_reshards_and_survives_a_borrowed_device(ray_session, 
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     restarted = next(r for r in rows if r["batch"] == restart["batch"])
     assert restarted["train_world"] == 1 and restarted["reshard_s"] > 0  # the step ran on device 3 alone
-    assert any(r["train_world"] == 2 for r in rows) or len(grew) >= 1
     (death,) = [r for r in tl if r["kind"] == "device_death"]
     assert death["device"] == 2 and death["role"] == "train"
