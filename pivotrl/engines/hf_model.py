@@ -5,6 +5,12 @@ Owns: `load_hf_model` (a causal-LM folder for inference, in a dtype named by the
 `load_hf_tokenizer`, `eos_ids_of`, and `load_state_dict_in_place` (new weights copied into a
 loaded model, every name and shape checked before the first copy). Errors name the folder or the
 parameter. Knows nothing about batching, KV caches or engines' lifecycles.
+
+Attention: transformers' `sdpa` copies every key and value head `num_key_value_groups` times
+(`repeat_kv`) whenever a mask is passed, and the CPU engine always passes one (its rows are
+left-padded). Inference models load with `SDPA_GQA` instead: the same mask functions and the same
+`scaled_dot_product_attention` call, with `enable_gqa=True` in place of the copies (the same
+numbers; BENCHMARKS.md has the saving).
 """
 from __future__ import annotations
 
@@ -16,6 +22,34 @@ import torch
 __all__ = ["eos_ids_of", "load_hf_model", "load_hf_tokenizer", "load_state_dict_in_place", "unloadable_tensors"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SDPA_GQA = "pivotrl_sdpa_gqa"
+"""The attention implementation inference models load with (module docstring)."""
+
+
+def _sdpa_gqa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+              **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' `sdpa_attention_forward` for a masked call on plain key/value heads, with the
+    grouped heads left to SDPA; any other call goes to transformers' own function."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if (attention_mask is None or getattr(module, "num_key_value_groups", 1) == 1
+            or any(kwargs.get(k) is not None for k in ("position_bias", "cache")) or kwargs.get("output_attentions")):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    # with a mask, transformers runs SDPA with is_causal=False too: the mask carries causality
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           dropout_p=dropout, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register_sdpa_gqa() -> None:
+    """Make `SDPA_GQA` a name transformers loads (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(SDPA_GQA, _sdpa_gqa)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(SDPA_GQA, sdpa_mask)
 
 
 def load_hf_model(model_path: str | Path, dtype: str = "float32", read_weights: bool = True) -> torch.nn.Module:
@@ -24,6 +58,7 @@ def load_hf_model(model_path: str | Path, dtype: str = "float32", read_weights: 
     file read), for a caller that loads the real weights next."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    _register_sdpa_gqa()
     path = Path(model_path)
     if not path.is_dir():
         raise ValueError(f"model folder {str(path)!r} does not exist or is not a folder")
@@ -32,8 +67,8 @@ def load_hf_model(model_path: str | Path, dtype: str = "float32", read_weights: 
     try:
         if not read_weights:
             return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path)), dtype=_DTYPES[dtype],
-                                                    attn_implementation="sdpa").eval()
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_DTYPES[dtype], attn_implementation="sdpa")
+                                                    attn_implementation=SDPA_GQA).eval()
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_DTYPES[dtype], attn_implementation=SDPA_GQA)
     except Exception as e:  # noqa: BLE001 - re-raised naming the folder
         raise ValueError(f"model folder {str(path)!r} does not load: {type(e).__name__}: {e}") from e
     return model.eval()

@@ -60,3 +60,25 @@ def test_a_checkpoint_the_module_cannot_take_is_named(tmp_path):
     (why,) = unloadable_tensors(a, renamed)
     assert "experts of gate_proj are [0, 2, 3" in why
     assert unloadable_tensors(a, reshaped) == ["model.embed_tokens.weight"]
+
+
+def test_inference_models_attend_without_copying_kv_heads_and_give_sdpas_numbers(tiny_dir):
+    """`load_hf_model` loads with `SDPA_GQA` (grouped key/value heads left to SDPA, not repeated):
+    on a left-padded masked batch its logits are exactly transformers' `sdpa` module's."""
+    from transformers import AutoModelForCausalLM
+
+    from pivotrl.engines.hf_model import SDPA_GQA, load_hf_model
+
+    model = load_hf_model(tiny_dir)
+    ref = AutoModelForCausalLM.from_pretrained(str(tiny_dir), attn_implementation="sdpa").eval()
+    assert model.config._attn_implementation == SDPA_GQA
+    assert model.config.num_attention_heads > model.config.num_key_value_heads  # the grouped case
+    valid = torch.tensor([[False, False, True, True, True], [True, True, True, True, True]])
+    mask = (torch.ones(5, 5, dtype=torch.bool).tril()[None] & valid[:, None, :]) | (
+        torch.eye(5, dtype=torch.bool)[None] & ~valid[:, :, None])
+    ids = torch.tensor([[0, 0, 7, 8, 9], [3, 4, 5, 6, 7]])
+    pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        got = model(input_ids=ids, attention_mask=mask[:, None], position_ids=pos).logits
+        want = ref(input_ids=ids, attention_mask=mask[:, None], position_ids=pos).logits
+    assert torch.equal(got[valid], want[valid])
