@@ -1,7 +1,7 @@
-"""`pivotrl.orphans.remove_orphans`: a folder named after a dead owner's pid goes; one of a live
-owner, one whose name carries no pid, and other files stay. Both namings the project uses: a
-bootstrap cache entry's tmp folder (`models/sft.py`) and a vLLM engine's socket folder
-(`engines/vllm_client.py`; its real restart: tests/engines/test_vllm_engine.py)."""
+"""`pivotrl.orphans.remove_orphans` through both of its callers: a folder named after a dead owner's
+pid goes; one of a live owner, one whose name carries no pid, and other files stay. A bootstrap
+cache entry's tmp folder (`models/sft.py` `remove_orphan_builds`) and a vLLM engine's socket folder
+(`engines/vllm_client.py` `remove_orphan_ipc_dirs`; its real restart: tests/engines/test_vllm_engine.py)."""
 from __future__ import annotations
 
 import os
@@ -10,11 +10,11 @@ import subprocess
 import pytest
 
 from pivotrl.engines.vllm_client import IPC_PREFIX, remove_orphan_ipc_dirs
-from pivotrl.orphans import remove_orphans
+from pivotrl.models.sft import TMP_MARKER, remove_orphan_builds
 
 
 @pytest.mark.parametrize("remove, name", [
-    (lambda root: remove_orphans(root, ".*.tmp-*", ".tmp-"), ".k3y.tmp-{}-ab12"),
+    (remove_orphan_builds, ".k3y" + TMP_MARKER + "{}-ab12"),
     (remove_orphan_ipc_dirs, IPC_PREFIX + "{}-ab12"),
 ], ids=["bootstrap-tmp", "vllm-ipc"])
 def test_only_the_folders_of_dead_owners_are_removed(tmp_path, remove, name):

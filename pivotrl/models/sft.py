@@ -215,9 +215,19 @@ def cached_entry(entry: Path, build, force: bool = False, seed: Path | None = No
         return _build_entry(entry, build, force)
 
 
+#: A cache entry is built in `.{entry}{TMP_MARKER}{pid}-{random}` next to it, then renamed into place.
+TMP_MARKER = ".tmp-"
+
+
+def remove_orphan_builds(root: Path) -> list[Path]:
+    """Delete the tmp folders in `root` of builds whose process is gone (killed mid-build).
+    Returns the folders removed."""
+    return remove_orphans(root, f".*{TMP_MARKER}*", TMP_MARKER)
+
+
 def _build_entry(entry: Path, build, force: bool) -> bool:
-    remove_orphans(entry.parent, ".*.tmp-*", ".tmp-")  # tmp folders of killed builds
-    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-{os.getpid()}-", dir=entry.parent))
+    remove_orphan_builds(entry.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}{TMP_MARKER}{os.getpid()}-", dir=entry.parent))
     try:
         build(tmp)
         if entry.exists() and not force:
