@@ -146,6 +146,11 @@ class JudgeConfig:
     """GenRM sampling temperature (0 = greedy: a judge should be deterministic)."""
     top_p: float = 1.0
     """Nucleus sampling mass of the GenRM (1 = off)."""
+    share_identical: bool = True
+    """A greedy judge (temperature 0) judges identical judge prompts of one batch once: a response
+    that repeats an earlier one of its group shares that one's judgement instead of being decoded
+    again (real runtimes; the metrics row counts them, `judgements_shared`). Ignored when
+    temperature > 0, where each judgement is its own sample."""
     max_parse_failure_rate: float = 0.5
     """Share of one step's judgements that may fail to parse before the run warns, loudly, naming
     the template and parser (a judge that writes another format, or a policy and judge swapped);
@@ -158,6 +163,7 @@ class JudgeConfig:
         check(finite(self.temperature) and self.temperature >= 0, "temperature", "a finite number >= 0",
               self.temperature)
         check(finite(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
+        check(isinstance(self.share_identical, bool), "share_identical", "true or false", self.share_identical)
         check(finite(self.max_parse_failure_rate) and 0 <= self.max_parse_failure_rate <= 1,
               "max_parse_failure_rate", "in [0, 1]", self.max_parse_failure_rate)
 

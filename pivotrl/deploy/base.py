@@ -18,15 +18,16 @@ the driver (`pivotrl/runtime/driver.py` on real devices, `pivotrl/sim/runtime.py
      `ControlEnv.batch_barrier`) into the rollout scheduler; `dispatch` returns `Dispatch` moves;
      the driver starts (or aborts and resumes) the sequences on their replicas (`Driver.dispatch`).
   2. sequence finished (rollout): `SequenceFinished` -> `_on_finished`: the scheduler frees its KV,
-     `pipe.response_done` makes the sample's GenRM sequence, and the freed rollout capacity is
-     dispatched again. Once every response of b is done: hook `on_rollouts_complete` (the phased
+     `pipe.response_done` makes the sample's GenRM sequence (none if its judge prompt repeats an
+     earlier one of the batch, `shares_judgement_of`: it takes that one's judgement in 4), and the
+     freed rollout capacity is dispatched again. Once every response of b is done: hook `on_rollouts_complete` (the phased
      modes switch the pool to reward there).
   3. judge: hook `on_response` (default `submit_reward`) submits the GenRM sequence to the reward
      scheduler and dispatches it (`ControlEnv.reward_batch_barrier` holds them until the batch's
      rollouts are all done). The judge prompt itself is the driver's: it renders it from the
      finished response (`runtime/samples.py: Samples.judge_prompt`), and scores the judgement.
-  4. batch ready: the reward `SequenceFinished` -> `_on_finished` -> `pipe.reward_done`; when it
-     is b's last, a `BatchReady` goes straight to hook `on_batch_ready` (default `try_train`; pivot
+  4. batch ready: the reward `SequenceFinished` -> `_on_finished` -> `pipe.reward_done` (also for
+     the samples sharing that judgement); when it is b's last, a `BatchReady` goes straight to hook `on_batch_ready` (default `try_train`; pivot
      also plans; colocated switches the pool to training).
   5. train: `try_train` emits `StartTraining` once the batch is ready, no step runs and training
      holds devices (hook `training_devices`); the driver trains it (`Driver.start_training`) and
@@ -310,9 +311,11 @@ class Controller:
         s.finish(ev.seq_id)  # frees exactly the KV the scheduler booked; the true count is ev.generated
         acts: list[Action] = []
         if ev.role == Role.ROLLOUT:
-            rseq = self.pipe.response_done(ev.seq_id, ev.generated, ev.now)
+            rseq = self.pipe.response_done(ev.seq_id, ev.generated, ev.now, ev.shares_judgement_of)
             b = self.pipe.batch_of(ev.seq_id)
-            if self.env.reward_batch_barrier:
+            if rseq is None:
+                pass  # it shares an earlier sample's judgement: no GenRM sequence
+            elif self.env.reward_batch_barrier:
                 self._held.setdefault(b, []).append(rseq)
             else:
                 acts += self.on_response(rseq, ev.now)
@@ -323,6 +326,8 @@ class Controller:
                 acts += self.on_rollouts_complete(b, ev.now)
                 if self.env.batch_barrier:
                     acts += self.release(ev.now)
+            if rseq is None and self.pipe.batch_ready(b):  # its shared judgement was the batch's last
+                acts += self.on_batch_ready(BatchReady(ev.now, b))
         else:
             complete = self.pipe.reward_done(ev.seq_id, ev.generated, ev.now)
             acts += self.dispatch(Role.REWARD)

@@ -6,7 +6,9 @@ runtime (`sim` now; `local`/`ray` later). A runtime delivers one event at a time
 
 Conventions every runtime follows:
 - Sample ids are global: `batch * samples_per_batch + prompt * G + index`. Each sample has one
-  rollout sequence and one reward sequence, both with `seq_id == sample_id` (schedulers are per role).
+  rollout sequence and at most one reward sequence, both with `seq_id == sample_id` (schedulers are
+  per role); a sample whose judge prompt repeats an earlier one of its batch has none and shares
+  that one's judgement (`SequenceFinished.shares_judgement_of`).
 - Token counts the controller holds may lag (engines report progress on ticks and on shift/training
   completions, the `progress` field); a runtime keeps the truth and uses it when it aborts or
   resumes a sequence.
@@ -44,6 +46,10 @@ class SequenceFinished(Event):
     seq_id: int = -1
     generated: int = 0
     replica_id: str = ""
+    shares_judgement_of: int = -1
+    """A rollout's only: an earlier finished sample of the same batch whose judge prompt is identical
+    (a greedy judge gives both one judgement). This sample gets no GenRM sequence and takes that
+    one's judgement when it is done. -1: judged on its own."""
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """The RL sample pipeline shared by every deployment mode, and its staleness bound.
 
 Owns: batches of prompts -> G rollout sequences per prompt -> one GenRM sequence per finished
-response -> rewarded samples -> a full training batch; policy versions; the staleness rule. Knows
+response (none for a response whose judge prompt repeats an earlier one of its batch: it shares
+that one's judgement) -> rewarded samples -> a full training batch; policy versions; the staleness
+rule. Knows
 nothing about devices, replicas or time (the controllers do), and nothing about how long anything
 is before an event says so.
 
@@ -44,6 +46,8 @@ class BatchState:
     prompt_len: dict[int, int] = field(default_factory=dict)     # sample -> prompt tokens
     response_len: dict[int, int] = field(default_factory=dict)   # sample -> response tokens
     genrm_len: dict[int, int] = field(default_factory=dict)      # sample -> judgement tokens
+    shared: dict[int, int] = field(default_factory=dict)         # sample -> the sample whose judgement it shares
+    waiting: dict[int, list[int]] = field(default_factory=dict)  # judged sample -> samples waiting to share it
     rollout_done_at: float | None = None
     reward_done_at: float | None = None
     train_start: float | None = None
@@ -110,15 +114,31 @@ class SamplePipeline:
         return seqs
 
     # -- progress --------------------------------------------------------------------------
-    def response_done(self, sample_id: int, generated: int, now: float) -> Sequence:
-        """Record a finished response; returns its GenRM sequence (input = prompt + response)."""
+    def response_done(self, sample_id: int, generated: int, now: float, shares_judgement_of: int = -1
+                      ) -> Sequence | None:
+        """Record a finished response; returns its GenRM sequence (input = prompt + response), or
+        None when it shares the judgement of `shares_judgement_of`, an earlier finished sample of
+        its batch (`SequenceFinished.shares_judgement_of`): its judgement is recorded when that
+        one's is, or now if that one's is done (then `batch_ready` may have just become true)."""
         st = self.batches[self.batch_of(sample_id)]
         if sample_id in st.response_len:
             raise RuntimeError(f"sample {sample_id}: response finished twice")
+        lead = int(shares_judgement_of)
+        if lead >= 0 and (lead == sample_id or self.batch_of(lead) != st.batch or lead not in st.response_len
+                          or lead in st.shared):
+            raise RuntimeError(f"sample {sample_id} cannot share the judgement of sample {lead}: it must be "
+                               f"another finished sample of batch {st.batch} that is judged on its own")
         st.response_len[sample_id] = int(generated)
         self._done["response"].append(int(generated))
         if len(st.response_len) == self.samples_per_batch:
             st.rollout_done_at = now
+        if lead >= 0:
+            st.shared[sample_id] = lead
+            if lead in st.genrm_len:
+                self._judged(st, sample_id, st.genrm_len[lead], now)
+            else:
+                st.waiting.setdefault(lead, []).append(sample_id)
+            return None
         return Sequence(seq_id=sample_id, role=Role.REWARD, prompt_len=st.prompt_len[sample_id] + int(generated),
                         sample_id=sample_id, version=st.version, step=st.batch)
 
@@ -127,18 +147,21 @@ class SamplePipeline:
         return st is not None and len(st.response_len) == self.samples_per_batch
 
     def reward_done(self, sample_id: int, generated: int, now: float) -> bool:
-        """Record a finished judgement; True when it completes its batch."""
+        """Record a finished judgement, and the samples that share it; True when it completes its batch."""
         st = self.batches[self.batch_of(sample_id)]
         if sample_id in st.genrm_len:
             raise RuntimeError(f"sample {sample_id}: reward finished twice")
-        if sample_id not in st.response_len:
-            raise RuntimeError(f"sample {sample_id}: rewarded before its response finished")
-        st.genrm_len[sample_id] = int(generated)
+        if sample_id not in st.response_len or sample_id in st.shared:
+            raise RuntimeError(f"sample {sample_id}: rewarded before its response finished, or it shares a judgement")
         self._done["genrm"].append(int(generated))
+        for s in [sample_id, *st.waiting.pop(sample_id, [])]:
+            self._judged(st, s, generated, now)
+        return len(st.genrm_len) == self.samples_per_batch
+
+    def _judged(self, st: BatchState, sample_id: int, generated: int, now: float) -> None:
+        st.genrm_len[sample_id] = int(generated)
         if len(st.genrm_len) == self.samples_per_batch:
             st.reward_done_at = now
-            return True
-        return False
 
     def batch_ready(self, batch: int) -> bool:
         st = self.batches.get(batch)
@@ -190,7 +213,8 @@ class SamplePipeline:
         self.trained_samples += len(st.genrm_len)
         ids = st.genrm_len
         policy_tokens = sum(st.prompt_len[s] + st.response_len[s] for s in ids)
-        genrm_tokens = sum(st.prompt_len[s] + st.response_len[s] + st.genrm_len[s] for s in ids)
+        # the GenRM's work: judgements shared by identical judge prompts ran once
+        genrm_tokens = sum(st.prompt_len[s] + st.response_len[s] + st.genrm_len[s] for s in ids if s not in st.shared)
         self.trained_tokens += policy_tokens + genrm_tokens
         fig = {
             "batch": batch, "generated_under_version": st.version, "samples": len(ids),
@@ -198,11 +222,12 @@ class SamplePipeline:
             "tokens": policy_tokens + genrm_tokens,
             "response_tokens_mean": sum(st.response_len[s] for s in ids) / max(len(ids), 1),
             "genrm_tokens_mean": sum(st.genrm_len[s] for s in ids) / max(len(ids), 1),
+            "judgements_shared": len(st.shared),
             "released_at": st.released_at, "rollout_done_at": st.rollout_done_at,
             "reward_done_at": st.reward_done_at, "train_start": st.train_start, "train_end": now,
         }
         # memory stays flat on long runs: figures are out, drop the per-sample maps
-        st.prompt_len, st.response_len, st.genrm_len = {}, {}, {}
+        st.prompt_len, st.response_len, st.genrm_len, st.shared, st.waiting = {}, {}, {}, {}, {}
         return fig
 
     @property

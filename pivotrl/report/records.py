@@ -198,6 +198,12 @@ class RunRecords:
                 out[int(x["batch"])] = {int(sid): (int(p), int(r), int(g)) for sid, p, r, g in x["samples"]}
         return out
 
+    def shared_judgements(self) -> dict[int, int]:
+        """Sample id -> the sample whose judgement it shared (its judge prompt repeated that one's:
+        `shared` of the `sample_lengths` records; none in runs before it was recorded)."""
+        return {int(sid): int(lead) for x in self.timeline if x.get("kind") == "sample_lengths"
+                for sid, lead in x.get("shared", [])}
+
     @property
     def per_sample(self) -> bool:
         """True if every batch has its per-sample lengths recorded (runs since the local runtime

@@ -184,15 +184,28 @@ class DeviceDriver:
         if not self.ledger.accept(role, c.seq_id, d, toks):
             self.counts["stale_completions"] += 1
             return
-        led = self.ledger
+        led, sid, lead = self.ledger, c.seq_id, -1
         if role == Role.ROLLOUT:
-            led.responses[c.seq_id] = toks
-            led.versions[c.seq_id] = int(c.version)
-            led.judge_ids[c.seq_id] = self.s.judge_prompt(c.seq_id, toks)
+            led.responses[sid] = toks
+            led.versions[sid] = int(c.version)
+            led.judge_ids[sid] = self.s.judge_prompt(sid, toks)
+            lead = self.s.shared.leader(self.s.batch_of(sid), sid, led.judge_ids[sid])
+            if lead >= 0 and lead in led.rewards:
+                self._take_judgement(sid, led.so_far(Role.REWARD, lead))
+            elif lead >= 0:
+                self.s.shared.wait(lead, sid)
         else:
-            led.rewards[c.seq_id] = self.s.score(c.seq_id, led.responses[c.seq_id], toks)
-        yield SequenceFinished(self.now, role=role, seq_id=c.seq_id, generated=len(toks),
-                               replica_id=Slot(role, d, self.r.tp[role.value]).slot_id)
+            led.rewards[sid] = self.s.score(sid, led.responses[sid], toks)
+            for other in self.s.shared.done(sid):
+                self._take_judgement(other, toks)
+        yield SequenceFinished(self.now, role=role, seq_id=sid, generated=len(toks),
+                               replica_id=Slot(role, d, self.r.tp[role.value]).slot_id, shares_judgement_of=lead)
+
+    def _take_judgement(self, sid: int, judgement: Tokens) -> None:
+        """Sample `sid` shares an identical judge prompt's `judgement` (`Samples.shared`): scored
+        against its own response and example, never run."""
+        self.ledger.share(Role.REWARD, sid, judgement)
+        self.ledger.rewards[sid] = self.s.score(sid, self.ledger.responses[sid], judgement)
 
     def _deaths(self) -> Iterator[Event]:
         """Each death the executor found since the last call, once; then the crash-looping
@@ -306,6 +319,7 @@ class DeviceDriver:
         self._spawn(self.ex.run_shift, act.plan)
 
     def start_training(self, act: StartTraining) -> None:
+        self.s.shared.forget(act.batch)
         self._spawn(self.training.run, act)
 
     def publish(self, act: PublishWeights) -> None:
@@ -337,12 +351,13 @@ class DeviceDriver:
     def step_fields(self, act: StepDone, now: float) -> dict[str, Any]:
         """Row fields of the step that trained `act.batch`; also its `sample_lengths` record (read by
         `pivotrl.report.records.RunRecords`): `[sample_id, prompt_tokens, response_tokens,
-        genrm_tokens]`, one row per trained sample in id order."""
+        genrm_tokens]`, one row per trained sample in id order, and `shared`: `[sample_id,
+        the sample whose judgement it shared]` (`Samples.shared`)."""
         led, s = self.ledger, self.s
         ids = [x for x in self.training.trained_ids if s.batch_of(x) == act.batch]
         self.record_event("sample_lengths", batch=int(act.batch), samples=[
             [int(sid), s.prompt_len(sid), len(led.responses.get(sid, ())), led.length(Role.REWARD, sid)]
-            for sid in sorted(ids)])
+            for sid in sorted(ids)], shared=s.shared.take_pairs(act.batch))
         rewards = [led.rewards[x] for x in ids if x in led.rewards]
         fields = self.stats.step_fields(
             rewards=rewards, train_metrics=self.training.metrics.get(act.batch, {}), tau_shift=self.ctrl.tau_shift,

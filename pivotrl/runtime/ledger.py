@@ -308,6 +308,13 @@ class SequenceLedger:
         self._rows[role].release(seq_id)
         return True
 
+    def share(self, role: Role, seq_id: int, toks: Tokens) -> None:
+        """`seq_id` takes another sequence's completion `toks` without running (a sample whose judge
+        prompt repeats an earlier one's, `SequenceFinished.shares_judgement_of`)."""
+        if seq_id in self.placed[role] or seq_id in self._done[role]:
+            raise RuntimeError(f"{role.value} seq {seq_id} shares a completion but has run or finished itself")
+        self._done[role][seq_id] = toks
+
     def lost(self, role: Role, device: int) -> list[int]:
         """Unplace and return the sequences that ran on `device` (it died): their tokens stay."""
         ids = sorted(sid for sid, d in self.placed[role].items() if d == device)

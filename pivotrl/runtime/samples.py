@@ -2,8 +2,8 @@
 the GRPO batches handed to the trainer.
 
 Owns the mapping of global sample ids (`batch * P * G + prompt * G + index`, `deploy/events.py`)
-to training examples (`LocalPrompts`, the controller's `PromptSource`), how each role's request
-is built (sampling settings: `algo.rollout_temperature` and `data.max_response_length` for the
+to training examples (`LocalPrompts`, the controller's `PromptSource`), which responses share a
+judgement (`SharedJudgements`), how each role's request is built (sampling settings: `algo.rollout_temperature` and `data.max_response_length` for the
 policy, `models.genrm.judge` for the GenRM), the judge prompt of a finished response (rendered by
 the GenRM's own tokenizer and chat template, `models.genrm.chat`), the reward of a judgement, and
 the train batch of a list of samples, and how many tokens the judge template adds to a prompt
@@ -68,6 +68,44 @@ class LocalPrompts:
         return out
 
 
+class SharedJudgements:
+    """Which finished responses share a judgement: within a batch, the first response with a given
+    judge prompt is judged, and each later one with the same prompt takes its judgement (a greedy
+    judge would write the same one again). Off (`on=False`) every response is judged."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self._first: dict[int, dict[tuple[int, ...], int]] = {}  # batch -> judge prompt -> first sample
+        self._waiting: dict[int, list[int]] = {}  # judged sample -> samples waiting for its judgement
+        self._lead: dict[int, dict[int, int]] = {}  # batch -> sharing sample -> the sample it shares
+
+    def leader(self, batch: int, sid: int, judge_ids: list[int]) -> int:
+        """The sample whose judgement `sid` shares (-1: `sid` is judged itself)."""
+        if not self.on:
+            return -1
+        first = self._first.setdefault(batch, {}).setdefault(tuple(judge_ids), sid)
+        if first == sid:
+            return -1
+        self._lead.setdefault(batch, {})[sid] = first
+        return first
+
+    def wait(self, lead: int, sid: int) -> None:
+        """`sid` takes `lead`'s judgement once it is done (`done`)."""
+        self._waiting.setdefault(lead, []).append(sid)
+
+    def done(self, lead: int) -> list[int]:
+        """`lead` is judged: the samples that were waiting for its judgement."""
+        return self._waiting.pop(lead, [])
+
+    def forget(self, batch: int) -> None:
+        """Batch `batch` is judged in full (it trains): its judge prompts are no longer matched."""
+        self._first.pop(batch, None)
+
+    def take_pairs(self, batch: int) -> list[list[int]]:
+        """`[sample, the sample whose judgement it shared]` of batch `batch`, once (its records)."""
+        return [[s, lead] for s, lead in sorted(self._lead.pop(batch, {}).items())]
+
+
 class Samples:
     """Requests, judge prompts, rewards and train batches of run `cfg` over `train_examples`."""
 
@@ -84,6 +122,8 @@ class Samples:
         self.reward_fn = RewardFunction(cfg.reward, judge=self.judge)
         self.parse_watch = ParseFailureWatch(self.judge, self.reward_fn.stats)
         """The judge's parse-failure rate per step (`rl.genrm.ParseFailureWatch`)."""
+        self.shared = SharedJudgements(bool(self.judge.share_identical) and self.judge.temperature == 0)
+        """Responses that share a judgement (`models.genrm.judge.share_identical`, a greedy judge)."""
         self.judge_room = judge_template_tokens(genrm_tok, self.judge, cfg.models.genrm.chat)
         """Tokens of the judge template around a question and a response (`judge_template_tokens`)."""
         from pivotrl.config.resolve import resolve

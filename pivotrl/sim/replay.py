@@ -111,7 +111,10 @@ def recorded_workload(rec: RunRecords) -> ReplayWorkload:
     n = rec.P * rec.G
     if rec.per_sample:
         per = rec.sample_lengths()
-        return ReplayWorkload([[[SampleLengths(*per[b][b * n + p * rec.G + i]) for i in range(rec.G)]
+        lead = rec.shared_judgements()
+        key = {**{x: x for x in lead.values()}, **lead}  # a judged sample and its sharers: one key
+        return ReplayWorkload([[[SampleLengths(*per[b][sid], judge_key=key.get(sid, -1))
+                                 for sid in range(b * n + p * rec.G, b * n + (p + 1) * rec.G)]
                                 for p in range(rec.P)] for b in batches])
     return ReplayWorkload.from_step_totals(rec.step_totals(), rec.P, rec.G)
 

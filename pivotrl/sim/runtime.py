@@ -61,6 +61,7 @@ class SimDriver:
         self.cfg = setup.cfg
         self.tracker = tracker
         self.ctrl = make_controller(self.cfg.deploy.mode, setup.control_env())
+        self._first_judged: dict[tuple[int, int], int] = {}  # (batch, judge key) -> its first finished sample
         self.t = 0.0
         self.queue = EventQueue()
         self.replicas: dict[str, SimReplica] = {}
@@ -170,8 +171,18 @@ class SimDriver:
             sid, gen = got
             self.truth[role].pop(sid, None)
             rep.resume()
-            yield SequenceFinished(self.t, role=role, seq_id=sid, generated=gen, replica_id=rid)
+            yield SequenceFinished(self.t, role=role, seq_id=sid, generated=gen, replica_id=rid,
+                                   shares_judgement_of=self._shares_judgement(sid) if role == Role.ROLLOUT else -1)
         self.reschedule(rid)
+
+    def _shares_judgement(self, sid: int) -> int:
+        """The first finished sample of `sid`'s batch with the same judge prompt
+        (`SampleLengths.judge_key`), whose judgement `sid` shares; -1 if none."""
+        key = self.s.workload.lengths(sid).judge_key
+        if key < 0:
+            return -1
+        first = self._first_judged.setdefault((self.ctrl.pipe.batch_of(sid), key), sid)
+        return -1 if first == sid else first
 
     def _snapshot(self) -> dict[Role, dict[int, int]]:
         if not self.ctrl.tick_s:  # static modes never abort running sequences: skip the cost

@@ -42,6 +42,10 @@ class SampleLengths:
     prompt: int
     response: int
     genrm: int
+    judge_key: int = -1
+    """Samples of one batch with the same key >= 0 have identical judge prompts (a recorded run's,
+    `RunRecords.shared_judgements`): the first to finish its response is judged, the others share
+    its judgement (`SequenceFinished.shares_judgement_of`). -1: judged on its own."""
 
 
 def _trunc(x: float, cap: int) -> int:

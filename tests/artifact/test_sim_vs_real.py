@@ -187,6 +187,25 @@ def test_recorded_per_sample_lengths_are_replayed_when_every_batch_has_them(tmp_
     assert any("replayed from the run's sample_lengths" in n for n in constants_from_run(rec, 4096, {}).notes)
 
 
+def test_shared_judgements_are_replayed_shared(tmp_path):
+    """A run's `shared` pairs (samples whose judge prompt repeated another's) become one judge key
+    per pair; the replay judges one of each pair and the other shares its judgement."""
+    from artifact.sim_vs_real.run import prepare
+    from pivotrl.sim.replay import replay
+
+    d = _fake_run(tmp_path / "run", steps=3)
+    with (d / "timeline.jsonl").open("a") as f:
+        for b in range(3):
+            f.write(json.dumps({"kind": "sample_lengths", "batch": b, "samples": [[s, 5, 4, 6] for s in range(4 * b, 4 * b + 4)],
+                                "shared": [[4 * b + 1, 4 * b], [4 * b + 3, 4 * b + 2]]}) + "\n")
+    rec, consts, cfg, _ = prepare(d, "trace")
+    wl = recorded_workload(rec)
+    assert [wl.lengths(s).judge_key for s in range(4)] == [0, 0, 2, 2]
+    rows = replay(cfg, consts, wl, 3, 1, 4)["step_rows"]
+    assert [r["judgements_shared"] for r in rows] == [2, 2, 2]
+    assert all(r["genrm_tokens"] == 2 * (5 + 4 + 6) for r in rows)   # two judgements ran per batch
+
+
 def test_engine_duty_compares_measured_with_modelled_throughput(tmp_path):
     from pivotrl.sim.replay import engine_duty
 

@@ -114,3 +114,54 @@ def test_colocated_refuses_staleness():
 def test_disaggregated_rejects_bad_allocation():
     with pytest.raises(ValueError, match="adding up"):
         make_controller("disaggregated", env({Role.ROLLOUT: 1, Role.REWARD: 2, Role.TRAIN: 2})).handle(Start(0.0))
+
+
+class SharingDriver(Driver):
+    """Odd samples repeat the response of the sample before them: when that one has finished, they
+    share its judgement (`SequenceFinished.shares_judgement_of`). `order`: which role finishes first."""
+
+    def __init__(self, ctrl, order):
+        super().__init__(ctrl)
+        self.order, self.finished, self.sharing = order, set(), set()
+
+    def drain(self, limit=1000):
+        while not any(isinstance(a, Finish) for a in self.log) and limit:
+            limit -= 1
+            role = next((r for r in self.order if self.running[r]), None)
+            if role is None:
+                self.now += self.c.tick_s
+                self.feed(Tick(self.now))
+                continue
+            sid, rid = next(iter(self.running[role].items()))
+            del self.running[role][sid]
+            self.now += 0.1
+            lead = -1
+            if role == Role.ROLLOUT:
+                self.finished.add(sid)
+                if sid % 2 and sid - 1 in self.finished:
+                    lead = sid - 1
+                    self.sharing.add(sid)
+            self.feed(SequenceFinished(self.now, role=role, seq_id=sid, generated=3, replica_id=rid,
+                                       shares_judgement_of=lead))
+
+
+@pytest.mark.parametrize("order", [(Role.ROLLOUT, Role.REWARD), (Role.REWARD, Role.ROLLOUT)])
+@pytest.mark.parametrize("mode,alloc,staleness", [
+    ("colocated", {}, 0),
+    ("disaggregated", {Role.ROLLOUT: 1, Role.REWARD: 2, Role.TRAIN: 1}, 2),
+    ("rr_colocated", {Role.ROLLOUT: 2, Role.TRAIN: 2}, 2),
+    ("pivot", {Role.TRAIN: 2}, 2),
+])
+def test_shared_judgements_complete_every_mode(mode, alloc, staleness, order):
+    """Samples sharing a judgement get no GenRM sequence, and their batches still complete (also
+    when the shared judgement is done before the sharing response finishes, which then completes
+    the batch)."""
+    d = SharingDriver(make_controller(mode, env(alloc, staleness)), order)
+    d.feed(Start(0.0))
+    d.drain()
+    assert [s.batch for s in d.log if isinstance(s, StepDone)] == [0, 1]
+    assert d.c.pipe.trained_samples == 8 and d.sharing
+    judged = {m.seq_id for a in d.log if isinstance(a, Dispatch) and a.role == Role.REWARD for m in a.moves}
+    assert judged == set(range(8)) - d.sharing
+    shared = sum(s.fields["judgements_shared"] for s in d.log if isinstance(s, StepDone))
+    assert shared == len(d.sharing)

@@ -78,3 +78,39 @@ def test_bad_input():
     pipe = SamplePipeline(2, 1, 1, 0)
     with pytest.raises(ValueError, match="expected 2"):
         pipe.release(prompts(0, 1), 0.0)
+
+
+def test_shared_judgements_are_recorded_with_their_leader():
+    """A response whose judge prompt repeats an earlier one of its batch gets no GenRM sequence and
+    takes that one's judgement: waiting when it finishes first, at once when the judgement is done
+    (then it may be what completes the batch)."""
+    pipe = SamplePipeline(1, 4, steps=2, staleness=0)
+    pipe.release(prompts(0, 1), 0.0)
+    assert pipe.response_done(0, 5, 0.0).seq_id == 0
+    assert pipe.response_done(1, 5, 0.0, shares_judgement_of=0) is None      # waits for 0's judgement
+    assert pipe.response_done(2, 6, 0.0).seq_id == 2
+    assert pipe.reward_done(0, 7, 1.0) is False                               # records 0 and 1
+    assert pipe.batches[0].genrm_len == {0: 7, 1: 7}
+    assert pipe.reward_done(2, 9, 2.0) is False
+    assert not pipe.batch_ready(0)
+    assert pipe.response_done(3, 6, 3.0, shares_judgement_of=2) is None      # 2 is judged: taken now
+    assert pipe.batch_ready(0) and pipe.batches[0].reward_done_at == 3.0
+    pipe.start_training(3.0)
+    fig = pipe.training_done(0, 4.0)
+    assert fig["judgements_shared"] == 2
+    assert fig["genrm_tokens"] == (10 + 5 + 7) + (10 + 6 + 9)                 # what the GenRM ran
+    assert fig["genrm_tokens_mean"] == (7 + 7 + 9 + 9) / 4                   # what each sample has
+    assert pipe.finished_lengths("genrm") == [7, 9]
+
+
+def test_a_shared_judgement_must_name_a_judged_sample_of_the_batch():
+    pipe = SamplePipeline(1, 3, steps=2, staleness=1)
+    pipe.release(prompts(0, 1), 0.0)
+    pipe.release(prompts(1, 1), 0.0)
+    pipe.response_done(0, 5, 0.0)
+    pipe.response_done(1, 5, 0.0, shares_judgement_of=0)
+    for sid, lead in ((2, 2), (2, 5), (2, 1), (3, 0)):   # itself, unfinished, a sharer, another batch
+        with pytest.raises(RuntimeError, match="cannot share"):
+            pipe.response_done(sid, 5, 0.0, shares_judgement_of=lead)
+    with pytest.raises(RuntimeError, match="shares a judgement"):
+        pipe.reward_done(1, 7, 0.0)

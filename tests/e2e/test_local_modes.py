@@ -101,13 +101,16 @@ def test_mode_trains_two_steps(ray_session, tiny_assets, tmp_path_factory, mode)
 
     tl = _timeline(tmp_path)
     lengths = {r["batch"]: r["samples"] for r in tl if r["kind"] == "sample_lengths"}
+    shared = {r["batch"]: dict(r["shared"]) for r in tl if r["kind"] == "sample_lengths"}
     assert sorted(lengths) == sorted(r["batch"] for r in rows)
     for r in rows:
         samples, b = lengths[r["batch"]], r["batch"]
         assert [x[0] for x in samples] == list(range(b * P * G, (b + 1) * P * G))
         assert all(p > 0 and resp > 0 and g > 0 for _, p, resp, g in samples)
         assert sum(p + resp for _, p, resp, _ in samples) == r["policy_tokens"]
-        assert sum(p + resp + g for _, p, resp, g in samples) == r["genrm_tokens"]
+        # a sample that shared another's judgement (identical judge prompt) ran no GenRM tokens
+        assert r["judgements_shared"] == len(shared[b])
+        assert sum(p + resp + g for sid, p, resp, g in samples if sid not in shared[b]) == r["genrm_tokens"]
     assert RunRecords.load(tmp_path).per_sample
     refresh = [r for r in tl if r["kind"] == "weight_refresh"]
     assert refresh and all(d["seconds"] > 0 for r in refresh for d in r["devices"])

@@ -54,3 +54,52 @@ def test_a_rollout_shift_that_raced_a_publish_takes_the_new_policy_first():
     fresh = _driver(version=3)
     list(fresh._on_result(_shift(loaded=3)))
     assert fresh.ex.published == 0
+
+
+class _Samples:
+    """Judge prompts by response text: responses 'a' and 'a' repeat one prompt; the score names
+    the sample, so each sharer is seen scored against its own response."""
+
+    def __init__(self, share):
+        from pivotrl.runtime.samples import SharedJudgements
+
+        self.shared = SharedJudgements(share)
+
+    def batch_of(self, sid):
+        return sid // 8
+
+    def judge_prompt(self, sid, toks):
+        return [100, *toks.ids]
+
+    def score(self, sid, response, judgement):
+        return (sid, tuple(response.ids), tuple(judgement.ids))
+
+
+def _finish(d, role, sid, tokens):
+    from pivotrl.engines.protocol import Completion
+
+    d.ledger.place(role, sid, 0)
+    (ev,) = d._complete(role, 0, Completion(sid, [1], tokens, "stop", 0, logprobs=[0.0] * len(tokens)))
+    return ev
+
+
+def test_a_repeated_judge_prompt_takes_the_first_ones_judgement():
+    """Samples 1 and 2 repeat sample 0's response: 1 finishes while 0 is being judged and takes its
+    judgement when it is done, 2 finishes after and takes it at once; both are scored against their
+    own response and never run on the judge. Sample 3 differs; sample 9 (next batch) is judged itself."""
+    d = _driver(version=0)
+    d.s, d.r = _Samples(share=True), type("R", (), {"tp": {"rollout": 1, "reward": 1}})()
+    assert _finish(d, Role.ROLLOUT, 0, [5, 6]).shares_judgement_of == -1
+    assert _finish(d, Role.ROLLOUT, 1, [5, 6]).shares_judgement_of == 0
+    assert 1 not in d.ledger.rewards
+    assert _finish(d, Role.REWARD, 0, [7, 7, 7]).generated == 3
+    assert d.ledger.rewards[1] == (1, (5, 6), (7, 7, 7)) and d.ledger.length(Role.REWARD, 1) == 3
+    assert _finish(d, Role.ROLLOUT, 2, [5, 6]).shares_judgement_of == 0
+    assert d.ledger.rewards[2] == (2, (5, 6), (7, 7, 7))
+    assert _finish(d, Role.ROLLOUT, 3, [5]).shares_judgement_of == -1
+    assert _finish(d, Role.ROLLOUT, 9, [5, 6]).shares_judgement_of == -1
+    d.s.shared.forget(0)
+    assert _finish(d, Role.ROLLOUT, 4, [5, 6]).shares_judgement_of == -1   # batch 0 trains: no match any more
+    off = _driver(version=0)
+    off.s, off.r = _Samples(share=False), d.r
+    assert [_finish(off, Role.ROLLOUT, s, [5, 6]).shares_judgement_of for s in (0, 1)] == [-1, -1]
