@@ -364,6 +364,7 @@ class DeviceDriver:
             role_state={r: self.monitor.state(r, self.ctrl.sched[r]) for r in INFERENCE_ROLES})
         judged = len(rewards) if s.reward_fn.uses_genrm else 0  # warns past the judge's threshold
         fields["genrm_parse_failure_rate"] = s.parse_watch.step(act.step, fields["genrm_parse_failures"], judged)
+        led.forget(ids)  # the batch is trained and written: nothing reads its samples again
         return fields
 
     def finish(self) -> dict[str, Any]:

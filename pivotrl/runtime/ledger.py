@@ -35,6 +35,8 @@ import numpy as np
 from pivotrl.core.types import INFERENCE_ROLES, Role
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from pivotrl.engines.protocol import TokenDeltas
 
 
@@ -314,6 +316,21 @@ class SequenceLedger:
         if seq_id in self.placed[role] or seq_id in self._done[role]:
             raise RuntimeError(f"{role.value} seq {seq_id} shares a completion but has run or finished itself")
         self._done[role][seq_id] = toks
+
+    def forget(self, sample_ids: Iterable[int]) -> None:
+        """Drop every record of samples `sample_ids` (their batch is trained and written): tokens,
+        responses, versions, judge prompts and rewards, so a long run's driver memory stays flat (a
+        paper-scale step holds ~0.6 GB of them). A late report or completion of one counts nothing."""
+        ids = list(sample_ids)
+        running = [sid for sid in ids for r in INFERENCE_ROLES if sid in self.placed[r]]
+        if running:
+            raise RuntimeError(f"SequenceLedger.forget: samples {running[:5]} still run")
+        for sid in ids:
+            for kept in (self.responses, self.versions, self.judge_ids, self.rewards):
+                kept.pop(sid, None)
+            for r in INFERENCE_ROLES:
+                self._done[r].pop(sid, None)
+                self._rows[r].release(sid)
 
     def lost(self, role: Role, device: int) -> list[int]:
         """Unplace and return the sequences that ran on `device` (it died): their tokens stay."""

@@ -103,3 +103,32 @@ def test_a_repeated_judge_prompt_takes_the_first_ones_judgement():
     off = _driver(version=0)
     off.s, off.r = _Samples(share=False), d.r
     assert [_finish(off, Role.ROLLOUT, s, [5, 6]).shares_judgement_of for s in (0, 1)] == [-1, -1]
+
+
+def test_a_written_step_leaves_the_ledger():
+    """Once a batch's step row is written, the driver's ledger holds none of its samples (a long
+    run's memory stays flat) and the next batch's stay."""
+    from types import SimpleNamespace
+
+    d = _driver(version=0)
+    s = _Samples(share=True)
+    s.prompt_len = lambda sid: 4
+    s.reward_fn = SimpleNamespace(uses_genrm=True)
+    s.parse_watch = SimpleNamespace(step=lambda step, failures, judged: failures / max(judged, 1))
+    d.s, d.r = s, type("R", (), {"tp": {"rollout": 1, "reward": 1}})()
+    for sid, resp in ((0, [5, 6]), (1, [5, 6]), (8, [9])):
+        _finish(d, Role.ROLLOUT, sid, resp)
+    _finish(d, Role.REWARD, 0, [7])
+    _finish(d, Role.REWARD, 8, [7, 7])
+    d.training = SimpleNamespace(trained_ids=[0, 1], metrics={})
+    d.stats = SimpleNamespace(step_fields=lambda **k: {"genrm_parse_failures": 0})
+    d.ctrl = SimpleNamespace(tau_shift={}, sched={Role.ROLLOUT: None, Role.REWARD: None})
+    d.monitor = SimpleNamespace(state=lambda role, sched: {})
+    from pivotrl.deploy.events import StepDone
+
+    d.step_fields(StepDone(1, 0, 1), now=1.0)
+    (rec,) = [f for k, f in d.events if k == "sample_lengths"]
+    assert rec["samples"] == [[0, 4, 2, 1], [1, 4, 2, 1]] and rec["shared"] == [[1, 0]]
+    led = d.ledger
+    assert set(led.responses) == set(led.rewards) == set(led.judge_ids) == {8}
+    assert led.length(Role.REWARD, 0) == led.length(Role.REWARD, 1) == 0 and led.length(Role.REWARD, 8) == 2

@@ -152,3 +152,26 @@ def test_fold_counts_only_the_device_a_sequence_runs_on_and_keeps_unknown_logpro
     assert led.fold(R, 0, again) == 1
     assert led.so_far(R, 2) == Tokens((20, 21), None)
     assert led.counts()[R] == {1: 2, 2: 2, 3: 0}
+
+
+def test_forget_drops_every_record_of_trained_samples_and_refuses_running_ones():
+    """A trained batch's samples leave the ledger (a long run's driver memory stays flat); a late
+    report or completion of one of them counts nothing; a sample still running is refused."""
+    import pytest
+
+    led, dev = SequenceLedger(), Device()
+    for sid in (0, 1):
+        led.place(R, sid, 0)
+        dev.submit(sid, 0)
+    dev.step(2)
+    late = dev.new_tokens()
+    assert led.accept(R, 0, 0, dev.full(0))
+    led.responses[0], led.versions[0], led.judge_ids[0], led.rewards[0] = led.so_far(R, 0), 3, [1, 2], 0.5
+    led.share(Role.REWARD, 0, Tokens((7,), (-0.1,)))
+    with pytest.raises(RuntimeError, match=r"samples \[1\] still run"):
+        led.forget([0, 1])
+    led.forget([0])
+    assert (led.responses, led.versions, led.judge_ids, led.rewards) == ({}, {}, {}, {})
+    assert led.length(R, 0) == 0 and led.length(Role.REWARD, 0) == 0
+    assert led.fold(R, 0, late) == 2  # sample 1's two tokens; sample 0's are not placed anywhere
+    assert not led.accept(R, 0, 0, Tokens((1, 2), None))
