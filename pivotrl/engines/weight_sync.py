@@ -56,6 +56,7 @@ from pivotrl.trainer.row_write import collective_row_write
 
 if TYPE_CHECKING:
     from pivotrl.engines.protocol import InferenceEngine
+    from pivotrl.gps.handles import RowWrite
     from pivotrl.gps.layout import ModelSpec
     from pivotrl.gps.store import GlobalParameterStore
     from pivotrl.trainer.trainer_worker import TrainerWorker
@@ -124,7 +125,7 @@ def publish_shards(worker: TrainerWorker, store: GlobalParameterStore, model: st
     wrote makes the commit fail with ShardMismatchError and the version is dropped."""
     worker_rank, world = worker.rank, worker.world_size
 
-    def fill(w: Any) -> dict[str, int]:
+    def fill(w: RowWrite) -> dict[str, int]:
         rows: dict[str, int] = {}
         spec = store.spec(model)
         with torch.no_grad():
@@ -150,7 +151,7 @@ def iter_manifest_tensors(wire: Mapping[str, Any]) -> Iterator[tuple[str, torch.
 
 
 @contextlib.contextmanager
-def open_gps(store: Any, model: str, node: int | None, version: int | None = None) -> Iterator[dict[str, Any]]:
+def open_gps(store: GlobalParameterStore, model: str, node: int | None, version: int | None = None) -> Iterator[dict[str, Any]]:
     """One leased GPS version (default: current) of `model` as an engine loads it, for a process
     on GPS node `node`: `{"weights", "version", "bytes", "path"}`, `weights` being that node's
     buffer as a `FileManifest` (path `file`: the engine maps it, no copy here), or, where there is

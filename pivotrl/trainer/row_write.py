@@ -10,14 +10,19 @@ With one rank no collective runs (no process group is needed).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from pivotrl.gps.handles import RowWrite
+    from pivotrl.gps.store import GlobalParameterStore
 
 __all__ = ["collective_row_write"]
 
 
-def collective_row_write(store: Any, model: str, rank: int, world: int, fill: Callable[[Any], dict[str, int]],
+def collective_row_write(store: GlobalParameterStore, model: str, rank: int, world: int,
+                         fill: Callable[[RowWrite], dict[str, int]],
                          what: str) -> int:
     """A new version of GPS model `model` written by every rank's `fill` (module docstring).
     Collective over the default group. `what` names the write in the error."""

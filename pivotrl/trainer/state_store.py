@@ -46,6 +46,10 @@ import torch.distributed as dist
 from pivotrl.trainer.row_write import collective_row_write
 
 if TYPE_CHECKING:
+    import os
+
+    from pivotrl.gps.handles import RowWrite
+    from pivotrl.gps.layout import ModelSpec
     from pivotrl.gps.store import GlobalParameterStore
     from pivotrl.trainer.trainer_worker import TrainerWorker
 
@@ -71,7 +75,7 @@ def _stored(name: str, kind: str | None) -> str:
     return name if kind is None else f"{name}::{kind}"
 
 
-def _parameter_shapes(model_path: Any) -> tuple[list[tuple[str, tuple[int, ...]]], int]:
+def _parameter_shapes(model_path: str | os.PathLike) -> tuple[list[tuple[str, tuple[int, ...]]], int]:
     """(name, shape) of every parameter of the model at `model_path`, built on the meta device,
     and its number of decoder layers (GPS places `model.layers.<i>.` tensors by layer)."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -83,7 +87,7 @@ def _parameter_shapes(model_path: Any) -> tuple[list[tuple[str, tuple[int, ...]]
     return [(n, tuple(p.shape)) for n, p in model.named_parameters()], layers
 
 
-def state_spec(model_path: Any) -> Any:
+def state_spec(model_path: str | os.PathLike) -> ModelSpec:
     """The GPS `ModelSpec` of a trainer's state for the model at `model_path` (module docstring)."""
     from pivotrl.gps.layout import ModelSpec, TensorSpec
 
@@ -95,12 +99,12 @@ def state_spec(model_path: Any) -> Any:
     return ModelSpec(tuple(tensors), num_layers=layers, head_dim=0, family="trainer_state")
 
 
-def state_bytes(spec: Any) -> int:
+def state_bytes(spec: ModelSpec) -> int:
     """Host bytes of one copy of the state."""
     return int(spec.nbytes)
 
 
-def register_state(store: GlobalParameterStore, name: str, model_path: Any) -> int:
+def register_state(store: GlobalParameterStore, name: str, model_path: str | os.PathLike) -> int:
     """Register the trainer's state of `model_path` as GPS model `name` (no version yet); returns
     its bytes. Raises GPS's `BudgetError` when the store's host memory cannot hold it."""
     spec = state_spec(model_path)
@@ -198,7 +202,7 @@ def write_state(worker: TrainerWorker, store: GlobalParameterStore, name: str) -
     dist.all_gather_object(rngs, _rng_state(worker.device))
     written = 0
 
-    def fill(w: Any) -> dict[str, int]:
+    def fill(w: RowWrite) -> dict[str, int]:
         nonlocal written
         rows: dict[str, int] = {}
         with torch.no_grad():

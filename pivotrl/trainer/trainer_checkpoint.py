@@ -51,7 +51,7 @@ from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -59,6 +59,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+if TYPE_CHECKING:
+    from pivotrl.trainer.trainer_worker import TrainerWorker
 
 __all__ = ["CheckpointError", "Checkpointer", "checkpoint_dir", "checkpoint_version", "latest_checkpoint", "load", "verify_checkpoint"]
 
@@ -125,7 +128,7 @@ class Checkpointer:
             raise CheckpointError(job.path, [f"{type(err).__name__}: {err}"]) from err
         return str(job.path)
 
-    def start(self, w: Any, path: Path, extra: dict[str, Any] | None = None, *, stage: bool = True) -> None:
+    def start(self, w: TrainerWorker, path: Path, extra: dict[str, Any] | None = None, *, stage: bool = True) -> None:
         """Begin writing a checkpoint of worker `w` into the (empty, new or stale) folder `path`.
         Collective. Waits for the previous save first (and raises its failure instead of starting).
         `stage=False` (for a caller that waits at once) writes the shards from the live tensors,
@@ -271,7 +274,7 @@ def _save_hf(model_path: Path, hf_config: Any, out: Path, full: dict[str, torch.
     skeleton.save_pretrained(str(out), safe_serialization=True)
 
 
-def load(w: Any, path: Path) -> dict[str, Any]:
+def load(w: TrainerWorker, path: Path) -> dict[str, Any]:
     """Restore model, optimizer, version, counters and RNG from `path`; return its extra state.
     RNG is restored only when the checkpoint was written by the same world size (per-rank
     streams do not map onto a different rank count). The KL reference is not in checkpoints:

@@ -25,7 +25,7 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -38,11 +38,16 @@ from pivotrl.trainer.batching import plan_micro_batches
 from pivotrl.trainer.logprobs import padded_rows, token_log_probs
 from pivotrl.trainer.model_init import build_sharded_model
 from pivotrl.trainer.offload import StorageOffload
+from pivotrl.trainer.state_store import read_state, write_state
 # Re-exported: Ray actors import the batch type and the group launcher from here with the worker.
 from pivotrl.trainer.dist import resolve_device
 from pivotrl.trainer.train_batch import TrainBatch
 from pivotrl.rl.advantages import compute_advantages
 from pivotrl.rl.losses import policy_loss
+
+if TYPE_CHECKING:
+    from pivotrl.gps.store import GlobalParameterStore
+
 
 def _storage_bytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
@@ -384,19 +389,15 @@ class TrainerWorker:
     def state(self) -> dict[str, Any]:
         return {"version": self.version, "counters": dict(self.counters), "world_size": self.world_size}
 
-    def save_state(self, store: Any, name: str) -> dict[str, float]:
+    def save_state(self, store: GlobalParameterStore, name: str) -> dict[str, float]:
         """Write the whole state (weights, AdamW moments and step, version, counters, RNG) into GPS
         model `name` of `store`, each rank its own rows (`state_store.write_state`). Collective."""
-        from pivotrl.trainer.state_store import write_state
-
         self._require_loaded("save_state")
         return write_state(self, store, name)
 
-    def load_state(self, store: Any, name: str) -> dict[str, float]:
+    def load_state(self, store: GlobalParameterStore, name: str) -> dict[str, float]:
         """Take the whole state from GPS model `name` of `store`, whatever world size wrote it
         (`state_store.read_state`). Collective."""
-        from pivotrl.trainer.state_store import read_state
-
         self._require_loaded("load_state")
         return read_state(self, store, name)
 
