@@ -173,7 +173,7 @@ def open_gps(store: GlobalParameterStore, model: str, node: int | None, version:
 
 
 @contextlib.contextmanager
-def opened(weights: Any, version: int) -> Iterator[tuple[Any, int, dict[str, Any]]]:
+def opened(weights: GPSWeights | Mapping[str, Any] | None, version: int) -> Iterator[tuple[Any, int, dict[str, Any]]]:
     """(what an engine's `load_weights` takes, the version to tag it with, the load's facts) for
     `weights`: a `GPSWeights` opened on this process's own GPS node (`open_gps`; superseded by a
     newer version: the newest, `GPSWeights`), or a state dict (or None) as it is, at `version`."""
