@@ -20,15 +20,16 @@ the driver (`pivotrl/runtime/driver.py` on real devices, `pivotrl/sim/runtime.py
   2. sequence finished (rollout): `SequenceFinished` -> `_on_finished`: the scheduler frees its KV,
      `pipe.response_done` makes the sample's GenRM sequence (none if its judge prompt repeats an
      earlier one of the batch, `shares_judgement_of`: it takes that one's judgement in 4), and the
-     freed rollout capacity is dispatched again. Once every response of b is done: hook `on_rollouts_complete` (the phased
-     modes switch the pool to reward there).
+     freed rollout capacity is dispatched again. Once every response of b is done: hook
+     `on_rollouts_complete` (the phased modes switch the pool to reward there).
   3. judge: hook `on_response` (default `submit_reward`) submits the GenRM sequence to the reward
      scheduler and dispatches it (`ControlEnv.reward_batch_barrier` holds them until the batch's
      rollouts are all done). The judge prompt itself is the driver's: it renders it from the
      finished response (`runtime/samples.py: Samples.judge_prompt`), and scores the judgement.
   4. batch ready: the reward `SequenceFinished` -> `_on_finished` -> `pipe.reward_done` (also for
-     the samples sharing that judgement); when it is b's last, a `BatchReady` goes straight to hook `on_batch_ready` (default `try_train`; pivot
-     also plans; colocated switches the pool to training).
+     the samples sharing that judgement); when it is b's last, a `BatchReady` goes straight to hook
+     `on_batch_ready` (default `try_train`; pivot also plans; colocated switches the pool to
+     training).
   5. train: `try_train` emits `StartTraining` once the batch is ready, no step runs and training
      holds devices (hook `training_devices`); the driver trains it (`Driver.start_training`) and
      answers `TrainingDone` -> `_on_training_done`, which moves the pipeline to version v+1.
@@ -313,12 +314,11 @@ class Controller:
         if ev.role == Role.ROLLOUT:
             rseq = self.pipe.response_done(ev.seq_id, ev.generated, ev.now, ev.shares_judgement_of)
             b = self.pipe.batch_of(ev.seq_id)
-            if rseq is None:
-                pass  # it shares an earlier sample's judgement: no GenRM sequence
-            elif self.env.reward_batch_barrier:
-                self._held.setdefault(b, []).append(rseq)
-            else:
-                acts += self.on_response(rseq, ev.now)
+            if rseq is not None:  # None: it shares an earlier sample's judgement, no GenRM sequence
+                if self.env.reward_batch_barrier:
+                    self._held.setdefault(b, []).append(rseq)
+                else:
+                    acts += self.on_response(rseq, ev.now)
             acts += self.dispatch(Role.ROLLOUT)
             if self.pipe.rollouts_complete(b):
                 for held in self._held.pop(b, []):

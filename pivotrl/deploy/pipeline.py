@@ -3,9 +3,8 @@
 Owns: batches of prompts -> G rollout sequences per prompt -> one GenRM sequence per finished
 response (none for a response whose judge prompt repeats an earlier one of its batch: it shares
 that one's judgement) -> rewarded samples -> a full training batch; policy versions; the staleness
-rule. Knows
-nothing about devices, replicas or time (the controllers do), and nothing about how long anything
-is before an event says so.
+rule. Knows nothing about devices, replicas or time (the controllers do), and nothing about how
+long anything is before an event says so.
 
 Staleness. Training step `t` consumes batch `t` and turns policy version `t` into `t+1`. Every
 rollout sequence is stamped with the policy version current when its batch is released, and

@@ -151,7 +151,8 @@ def iter_manifest_tensors(wire: Mapping[str, Any]) -> Iterator[tuple[str, torch.
 
 
 @contextlib.contextmanager
-def open_gps(store: GlobalParameterStore, model: str, node: int | None, version: int | None = None) -> Iterator[dict[str, Any]]:
+def open_gps(store: GlobalParameterStore, model: str, node: int | None,
+             version: int | None = None) -> Iterator[dict[str, Any]]:
     """One leased GPS version (default: current) of `model` as an engine loads it, for a process
     on GPS node `node`: `{"weights", "version", "bytes", "path"}`, `weights` being that node's
     buffer as a `FileManifest` (path `file`: the engine maps it, no copy here), or, where there is
@@ -173,7 +174,8 @@ def open_gps(store: GlobalParameterStore, model: str, node: int | None, version:
 
 
 @contextlib.contextmanager
-def opened(weights: GPSWeights | Mapping[str, Any] | None, version: int) -> Iterator[tuple[Any, int, dict[str, Any]]]:
+def opened(weights: GPSWeights | Mapping[str, Any] | None, version: int
+           ) -> Iterator[tuple[Any, int, dict[str, Any]]]:
     """(what an engine's `load_weights` takes, the version to tag it with, the load's facts) for
     `weights`: a `GPSWeights` opened on this process's own GPS node (`open_gps`; superseded by a
     newer version: the newest, `GPSWeights`), or a state dict (or None) as it is, at `version`."""

@@ -319,7 +319,6 @@ class DeviceDriver:
         self._spawn(self.ex.run_shift, act.plan)
 
     def start_training(self, act: StartTraining) -> None:
-        self.s.shared.forget(act.batch)
         self._spawn(self.training.run, act)
 
     def publish(self, act: PublishWeights) -> None:
@@ -357,7 +356,7 @@ class DeviceDriver:
         ids = [x for x in self.training.trained_ids if s.batch_of(x) == act.batch]
         self.record_event("sample_lengths", batch=int(act.batch), samples=[
             [int(sid), s.prompt_len(sid), len(led.responses.get(sid, ())), led.length(Role.REWARD, sid)]
-            for sid in sorted(ids)], shared=s.shared.take_pairs(act.batch))
+            for sid in sorted(ids)], shared=s.shared.close(act.batch))
         rewards = [led.rewards[x] for x in ids if x in led.rewards]
         fields = self.stats.step_fields(
             rewards=rewards, train_metrics=self.training.metrics.get(act.batch, {}), tau_shift=self.ctrl.tau_shift,

@@ -319,8 +319,8 @@ class SequenceLedger:
 
     def forget(self, sample_ids: Iterable[int]) -> None:
         """Drop every record of samples `sample_ids` (their batch is trained and written): tokens,
-        responses, versions, judge prompts and rewards, so a long run's driver memory stays flat (a
-        paper-scale step holds ~0.6 GB of them). A late report or completion of one counts nothing."""
+        responses, versions, judge prompts and rewards, so a long run's driver memory stays flat (by
+        arithmetic, a paper-scale step holds ~0.6 GB of them). A late report or completion of one counts nothing."""
         ids = list(sample_ids)
         running = [sid for sid in ids for r in INFERENCE_ROLES if sid in self.placed[r]]
         if running:

@@ -3,8 +3,8 @@ the GRPO batches handed to the trainer.
 
 Owns the mapping of global sample ids (`batch * P * G + prompt * G + index`, `deploy/events.py`)
 to training examples (`LocalPrompts`, the controller's `PromptSource`), which responses share a
-judgement (`SharedJudgements`), how each role's request is built (sampling settings: `algo.rollout_temperature` and `data.max_response_length` for the
-policy, `models.genrm.judge` for the GenRM), the judge prompt of a finished response (rendered by
+judgement (`SharedJudgements`), how each role's request is built (sampling settings:
+`algo.rollout_temperature` and `data.max_response_length` for the policy, `models.genrm.judge` for the GenRM), the judge prompt of a finished response (rendered by
 the GenRM's own tokenizer and chat template, `models.genrm.chat`), the reward of a judgement, and
 the train batch of a list of samples, and how many tokens the judge template adds to a prompt
 (`judge_template_tokens`, measured at start with the GenRM's tokenizer). Policy and GenRM are
@@ -97,12 +97,10 @@ class SharedJudgements:
         """`lead` is judged: the samples that were waiting for its judgement."""
         return self._waiting.pop(lead, [])
 
-    def forget(self, batch: int) -> None:
-        """Batch `batch` is judged in full (it trains): its judge prompts are no longer matched."""
+    def close(self, batch: int) -> list[list[int]]:
+        """Batch `batch` is trained: its judge prompts are no longer matched. Returns its
+        `[sample, the sample whose judgement it shared]` pairs (for its records)."""
         self._first.pop(batch, None)
-
-    def take_pairs(self, batch: int) -> list[list[int]]:
-        """`[sample, the sample whose judgement it shared]` of batch `batch`, once (its records)."""
         return [[s, lead] for s, lead in sorted(self._lead.pop(batch, {}).items())]
 
 

@@ -98,8 +98,8 @@ def test_a_repeated_judge_prompt_takes_the_first_ones_judgement():
     assert d.ledger.rewards[2] == (2, (5, 6), (7, 7, 7))
     assert _finish(d, Role.ROLLOUT, 3, [5]).shares_judgement_of == -1
     assert _finish(d, Role.ROLLOUT, 9, [5, 6]).shares_judgement_of == -1
-    d.s.shared.forget(0)
-    assert _finish(d, Role.ROLLOUT, 4, [5, 6]).shares_judgement_of == -1   # batch 0 trains: no match any more
+    assert d.s.shared.close(0) == [[1, 0], [2, 0]]
+    assert _finish(d, Role.ROLLOUT, 4, [5, 6]).shares_judgement_of == -1   # batch 0 trained: no match any more
     off = _driver(version=0)
     off.s, off.r = _Samples(share=False), d.r
     assert [_finish(off, Role.ROLLOUT, s, [5, 6]).shares_judgement_of for s in (0, 1)] == [-1, -1]
