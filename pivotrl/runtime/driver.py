@@ -353,13 +353,13 @@ class DeviceDriver:
         genrm_tokens]`, one row per trained sample in id order, and `shared`: `[sample_id,
         the sample whose judgement it shared]` (`Samples.shared`)."""
         led, s = self.ledger, self.s
-        ids = [x for x in self.training.trained_ids if s.batch_of(x) == act.batch]
+        ids, train_metrics = self.training.take(act.batch)
         self.record_event("sample_lengths", batch=int(act.batch), samples=[
             [int(sid), s.prompt_len(sid), len(led.responses.get(sid, ())), led.length(Role.REWARD, sid)]
             for sid in sorted(ids)], shared=s.shared.close(act.batch))
         rewards = [led.rewards[x] for x in ids if x in led.rewards]
         fields = self.stats.step_fields(
-            rewards=rewards, train_metrics=self.training.metrics.get(act.batch, {}), tau_shift=self.ctrl.tau_shift,
+            rewards=rewards, train_metrics=train_metrics, tau_shift=self.ctrl.tau_shift,
             role_state={r: self.monitor.state(r, self.ctrl.sched[r]) for r in INFERENCE_ROLES})
         judged = len(rewards) if s.reward_fn.uses_genrm else 0  # warns past the judge's threshold
         fields["genrm_parse_failure_rate"] = s.parse_watch.step(act.step, fields["genrm_parse_failures"], judged)

@@ -55,8 +55,9 @@ class TrainingSteps:
                  stats: RealStats, record_event: Callable[..., None]) -> None:
         self.cfg, self.ex, self.s, self.ledger, self.launch = cfg, executor, samples, ledger, launch
         self.stats, self.record_event = stats, record_event
-        self.trained_ids: list[int] = []
-        self.metrics: dict[int, dict[str, float]] = {}
+        self.trained_ids: list[int] = []  # every sample trained, in order (the summary's counts)
+        self._trained: set[int] = set(self.trained_ids)
+        self._batches: dict[int, tuple[list[int], dict[str, float]]] = {}  # until `take(batch)`
         self.home: tuple[int, ...] = ()  # the devices of the last step (the checkpoint in flight is theirs)
         self.reshard_s: float | None = None  # the last training shift up's rebuild from host memory
 
@@ -69,10 +70,11 @@ class TrainingSteps:
         """Train batch `act.batch` on `act.devices`, publish, checkpoint."""
         import ray
 
-        dup = set(act.sample_ids) & set(self.trained_ids)
+        dup = self._trained.intersection(act.sample_ids)
         if dup:
             raise RuntimeError(f"samples {sorted(dup)[:8]} would be trained twice")
         self.trained_ids.extend(act.sample_ids)
+        self._trained.update(act.sample_ids)
         led = self.ledger
         batch = self.s.train_batch(act.sample_ids, {sid: led.rewards[sid].total for sid in act.sample_ids},
                                    led.responses, led.versions)
@@ -101,9 +103,14 @@ class TrainingSteps:
         except TrainingRankDied as e:
             raise RuntimeError(self.died(e.devices, f"during {e.method} of batch {act.batch}")) from None
         self.home = devices
-        self.metrics[act.batch] = metrics
+        self._batches[act.batch] = (list(act.sample_ids), metrics)
         world = len(devices) if devices != tuple(act.devices) else 0
         return TrainingResult(act, metrics, secs, world=world, reshard_s=reshard)
+
+    def take(self, batch: int) -> tuple[list[int], dict[str, float]]:
+        """The sample ids and the step metrics of trained `batch`, handed over once (its step's
+        row is being written); empty for a batch not trained here."""
+        return self._batches.pop(batch, ([], {}))
 
     def _step(self, devices: tuple[int, ...], ref: ray.ObjectRef) -> dict[str, float]:
         for d in devices:

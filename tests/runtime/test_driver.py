@@ -120,7 +120,7 @@ def test_a_written_step_leaves_the_ledger():
         _finish(d, Role.ROLLOUT, sid, resp)
     _finish(d, Role.REWARD, 0, [7])
     _finish(d, Role.REWARD, 8, [7, 7])
-    d.training = SimpleNamespace(trained_ids=[0, 1], metrics={})
+    d.training = SimpleNamespace(take=lambda batch: ([1, 0], {}) if batch == 0 else ([], {}))
     d.stats = SimpleNamespace(step_fields=lambda **k: {"genrm_parse_failures": 0})
     d.ctrl = SimpleNamespace(tau_shift={}, sched={Role.ROLLOUT: None, Role.REWARD: None})
     d.monitor = SimpleNamespace(state=lambda role, sched: {})
@@ -132,3 +132,32 @@ def test_a_written_step_leaves_the_ledger():
     led = d.ledger
     assert set(led.responses) == set(led.rewards) == set(led.judge_ids) == {8}
     assert led.length(Role.REWARD, 0) == led.length(Role.REWARD, 1) == 0 and led.length(Role.REWARD, 8) == 2
+
+
+def test_training_hands_over_each_batchs_ids_and_metrics_once(monkeypatch):
+    """`TrainingSteps` keeps a trained batch's sample ids and step metrics until its row takes
+    them (`take`, once), refuses a sample trained before, and keeps every id for the summary."""
+    from types import SimpleNamespace
+
+    import pytest
+    import ray
+
+    from pivotrl.deploy.events import StartTraining
+    from pivotrl.runtime.training import TrainingSteps
+
+    monkeypatch.setattr(ray, "put", lambda batch: batch)  # no Ray session: the step is a stand-in
+    led = SequenceLedger()
+    samples = SimpleNamespace(train_batch=lambda ids, rewards, responses, versions: SimpleNamespace(old_log_probs=1))
+    t = TrainingSteps(SimpleNamespace(train=SimpleNamespace(checkpoint_every=100)), None, samples, led, None,
+                      SimpleNamespace(counts={}), lambda kind, **f: None)
+    version = iter(range(1, 10))
+    t._wait_checkpoint = t._save_state = t._publish = lambda *a: None
+    t._step = lambda devices, ref: {"version": next(version), "loss": 0.5}
+    for b, ids in ((0, [3, 1, 2]), (1, [4, 5])):
+        for sid in ids:
+            led.rewards[sid] = SimpleNamespace(total=1.0)
+        t.run(StartTraining(b, b, ids, 10, (0,)))
+    assert t.take(0) == ([3, 1, 2], {"version": 1, "loss": 0.5})
+    assert t.take(0) == ([], {}) and t.take(1)[0] == [4, 5] and t.trained_ids == [3, 1, 2, 4, 5]
+    with pytest.raises(RuntimeError, match=r"samples \[1\] would be trained twice"):
+        t.run(StartTraining(2, 2, [1, 6], 10, (0,)))
