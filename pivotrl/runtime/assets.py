@@ -101,9 +101,32 @@ def load_assets(cfg: PivotConfig, progress: bool = False) -> Assets:
             "policy_val_accuracy_greedy": res.report.get("policy_val_accuracy_greedy"),
             "policy_path": str(res.policy_path), "genrm_path": str(res.genrm_path),
             "genrm_on_policy_samples": res.report.get("genrm_on_policy_samples")}
+    warn_if_the_judge_guesses(res.report, res.genrm_path.parent / "report.json")
     train = _existing(d.train_path, "data.train_path", "a train parquet") if d.train_path else res.train_path
     val = _existing(d.val_path, "data.val_path", "a validation parquet") if d.val_path else res.val_path
     return check_engine_serves(cfg, Assets(res.policy_path, res.genrm_path, train, val, info))
+
+
+#: Below this AUC on the policy's held-out samples the bootstrap's GenRM barely judges (0.5 is chance).
+JUDGE_MIN_AUC = 0.8
+
+
+def warn_if_the_judge_guesses(report: dict, where: Path) -> bool:
+    """Warn (and return True) when the bootstrap `report`'s served GenRM judges the policy's samples
+    below `JUDGE_MIN_AUC`: the run would train on rewards that are mostly noise. The recipe is
+    seed-sensitive (the GenRM learns the final comparison late), so a non-default
+    `models.bootstrap.seed` or a shorter `genrm_steps` can land there."""
+    g = report.get("genrm_on_policy_samples") or {}
+    auc = g.get("auc")
+    if auc is None or not auc < JUDGE_MIN_AUC:  # NaN: one class only, nothing to tell
+        return False
+    log.warning("models.bootstrap: the tiny GenRM judges the policy's held-out samples at AUC %.2f, agreement %.2f "
+                "(0.5 is chance; below %.2f its rewards are mostly noise and RL learns little). Its SFT learns the "
+                "final comparison late and the step at which it does depends on the seed: the default recipe's "
+                "seeds 0-4 measured AUC 0.55-0.97 (BENCHMARKS.md, 'Tiny bootstrap'). Use models.bootstrap.seed=0 "
+                "(shipped, AUC 0.91) or raise models.bootstrap.genrm_steps / genrm_score_weight; the build's "
+                "report: %s", auc, g.get("agreement", float("nan")), JUDGE_MIN_AUC, where)
+    return True
 
 
 def check_engine_serves(cfg: PivotConfig, assets: Assets) -> Assets:

@@ -69,14 +69,25 @@ def test_without_the_shipped_copy_the_entry_is_built(tmp_path, monkeypatch) -> N
 @pytest.mark.slow
 def test_a_rebuilt_bootstrap_lands_in_the_shipped_band(tmp_path) -> None:
     """The default recipe built afresh (about 3.5 min of single-threaded SFT on a quiet machine):
-    its held-out figures are those of the shipped copy, within sampling noise."""
+    its held-out figures are those of the shipped copy, within sampling noise.
+
+    The recipe is seeded and its SFT deterministic on one platform, so this is a check that the
+    rebuild reproduces the ship, not that any build of the recipe lands near it: the GenRM learns
+    its final comparison late, at a step that depends on the seed, and seeds 1-4 of the same recipe
+    judged the policy's samples at agreement 0.34-0.96, AUC 0.55-0.97 (seed 0, shipped: 0.87, 0.91;
+    BENCHMARKS.md 'Tiny bootstrap'). A change that moves the SFT's numerics at all (another CPU's
+    kernels, an SFT without its attention mask) is a draw from that spread, so a failure here after
+    such a change calls for a re-ship (`python -m pivotrl.models.bootstrap --ship`) and a check of
+    its figures, not for a wider band."""
     torch.set_num_threads(1)
     r = bootstrap(BootstrapConfig(cache_dir=str(tmp_path)), DataConfig(), progress=False, shipped=False).report
     s = json.loads((SHIPPED / DEFAULT_KEY / "report.json").read_text())
     for key in ("policy_val_accuracy_sampled_t1", "policy_val_accuracy_greedy"):
         assert abs(r[key] - s[key]) <= 0.05, (key, r[key], s[key])
     for key in ("agreement", "auc"):
-        assert abs(r["genrm_on_policy_samples"][key] - s["genrm_on_policy_samples"][key]) <= 0.05, key
+        got, shipped = r["genrm_on_policy_samples"][key], s["genrm_on_policy_samples"][key]
+        assert abs(got - shipped) <= 0.05, (f"GenRM {key} {got:.3f} rebuilt against {shipped:.3f} shipped: the "
+                                            "SFT's numerics moved (see this test's docstring)")
 
 
 def test_write_shipped_keeps_the_entry_and_the_named_stages_only(tmp_path) -> None:
