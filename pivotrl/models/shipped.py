@@ -9,8 +9,8 @@ entry that is missing and has a shipped twin is copied from here instead of trai
 (`sft.cached_entry(..., seed=twin(...))`), so a fresh machine runs `python train.py` without minutes
 of SFT. Anything else (another recipe, seed or size) is built as before.
 
-Why ship it: the default bootstrap is ~3.5 minutes of single-threaded SFT on a quiet 2-core
-machine (9-12 on a busy one), more than the RL run it prepares; the shipped folders are ~12 MB. The
+Why ship it: the default bootstrap is ~5.5 minutes of single-threaded SFT on a quiet 2-core
+machine (more on a busy one), more than the RL run it prepares; the shipped folders are ~12 MB. The
 recipe is seeded, so a rebuild reproduces them (`tests/models/test_shipped.py`: the rebuilt entry's
 report lands in the shipped one's band; a recipe change that moves the default key without a
 re-ship fails the fast test).

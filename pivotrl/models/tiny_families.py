@@ -153,7 +153,7 @@ def upcycle_to_qwen3_moe(dense: Any, num_experts: int = 8, experts_per_token: in
     and adds per-head `q_norm`/`k_norm` (ones), so the attention is not the dense model's: a short SFT
     restores the judge. Measured (BENCHMARKS.md, issue 14 h14): the upcycled tiny GenRM after 150 SFT
     steps judges the bootstrapped policy's samples better than the dense GenRM it came from, while a
-    random-init Qwen3-MoE after the bootstrap's 400 steps does not judge at all (AUC 0.55)."""
+    random-init Qwen3-MoE after 400 SFT steps (the GenRM's count then) does not judge at all (AUC 0.55)."""
     import transformers
 
     from pivotrl.gps.state_dict import to_module

@@ -114,18 +114,18 @@ JUDGE_MIN_AUC = 0.8
 def warn_if_the_judge_guesses(report: dict, where: Path) -> bool:
     """Warn (and return True) when the bootstrap `report`'s served GenRM judges the policy's samples
     below `JUDGE_MIN_AUC`: the run would train on rewards that are mostly noise. The recipe is
-    seed-sensitive (the GenRM learns the final comparison late), so a non-default
-    `models.bootstrap.seed` or a shorter `genrm_steps` can land there."""
+    seed-sensitive (the GenRM learns the final comparison late), so another `models.bootstrap.seed`
+    or a shorter `genrm_steps` can land there."""
     g = report.get("genrm_on_policy_samples") or {}
     auc = g.get("auc")
     if auc is None or not auc < JUDGE_MIN_AUC:  # NaN: one class only, nothing to tell
         return False
     log.warning("models.bootstrap: the tiny GenRM judges the policy's held-out samples at AUC %.2f, agreement %.2f "
                 "(0.5 is chance; below %.2f its rewards are mostly noise and RL learns little). Its SFT learns the "
-                "final comparison late and the step at which it does depends on the seed: the default recipe's "
-                "seeds 0-4 measured AUC 0.55-0.97 (BENCHMARKS.md, 'Tiny bootstrap'). Use models.bootstrap.seed=0 "
-                "(shipped, AUC 0.91) or raise models.bootstrap.genrm_steps / genrm_score_weight; the build's "
-                "report: %s", auc, g.get("agreement", float("nan")), JUDGE_MIN_AUC, where)
+                "final comparison late and the step at which it does depends on the seed: at 400 steps seeds 0-4 "
+                "measured AUC 0.55-0.97, at the default 600 0.88-0.99 (BENCHMARKS.md, 'Tiny bootstrap'). Use "
+                "the default models.bootstrap.seed=0 and genrm_steps (shipped), or raise "
+                "models.bootstrap.genrm_steps; the build's report: %s", auc, g.get("agreement", float("nan")), JUDGE_MIN_AUC, where)
     return True
 
 

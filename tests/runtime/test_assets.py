@@ -259,9 +259,9 @@ def test_each_engine_must_hold_its_weights_and_one_request_in_its_memory_fractio
 
 
 def test_a_bootstrap_judge_that_guesses_is_warned_about(tiny_assets, monkeypatch, caplog):
-    """A bootstrap GenRM below `JUDGE_MIN_AUC` on the policy's samples (seed 1 of the default recipe
-    measured AUC 0.55) is named in a warning with its figures and the settings to change; the
-    shipped one (0.91) and a report with one class only (NaN) are not."""
+    """A bootstrap GenRM below `JUDGE_MIN_AUC` on the policy's samples (seed 1 of the recipe at 400
+    GenRM steps measured AUC 0.55) is named in a warning with its figures and the settings to
+    change; a judging one (0.91) and a report with one class only (NaN) are not."""
     import logging
 
     import pivotrl.models.bootstrap as boot
@@ -276,7 +276,7 @@ def test_a_bootstrap_judge_that_guesses_is_warned_about(tiny_assets, monkeypatch
     with caplog.at_level(logging.WARNING, logger="pivotrl.runtime.assets"):
         load_assets(compose_config([]))
     (msg,) = [r.getMessage() for r in caplog.records if "judges" in r.getMessage()]
-    assert "AUC 0.55, agreement 0.34" in msg and "models.bootstrap.seed=0" in msg and "genrm_steps" in msg
+    assert "AUC 0.55, agreement 0.34" in msg and "models.bootstrap.seed=0" in msg and "models.bootstrap.genrm_steps" in msg
     assert str(tiny_assets["genrm"].parent / "report.json") in msg
     for g in ({"auc": 0.906, "agreement": 0.87}, {"auc": float("nan")}, {}):
         assert not warn_if_the_judge_guesses({"genrm_on_policy_samples": g}, Path("r.json"))
