@@ -125,7 +125,8 @@ def warn_if_the_judge_guesses(report: dict, where: Path) -> bool:
                 "final comparison late and the step at which it does depends on the seed: at 400 steps seeds 0-4 "
                 "measured AUC 0.55-0.97, at the default 600 0.88-0.99 (BENCHMARKS.md, 'Tiny bootstrap'). Use "
                 "the default models.bootstrap.seed=0 and genrm_steps (shipped), or raise "
-                "models.bootstrap.genrm_steps; the build's report: %s", auc, g.get("agreement", float("nan")), JUDGE_MIN_AUC, where)
+                "models.bootstrap.genrm_steps; the build's report: %s",
+                auc, g.get("agreement", float("nan")), JUDGE_MIN_AUC, where)
     return True
 
 

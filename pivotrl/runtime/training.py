@@ -56,7 +56,7 @@ class TrainingSteps:
         self.cfg, self.ex, self.s, self.ledger, self.launch = cfg, executor, samples, ledger, launch
         self.stats, self.record_event = stats, record_event
         self.trained_ids: list[int] = []  # every sample trained, in order (the summary's counts)
-        self._trained: set[int] = set(self.trained_ids)
+        self._trained: set[int] = set()  # the same ids, for the repeat check
         self._batches: dict[int, tuple[list[int], dict[str, float]]] = {}  # until `take(batch)`
         self.home: tuple[int, ...] = ()  # the devices of the last step (the checkpoint in flight is theirs)
         self.reshard_s: float | None = None  # the last training shift up's rebuild from host memory
