@@ -76,7 +76,7 @@ def test_a_rebuilt_bootstrap_lands_in_the_shipped_band(tmp_path) -> None:
     judged 0.255 / 0.645 sampled / greedy, rebuilt here on 12-04 0.28 / 0.625). The GenRM is what
     moves most: it learns its final comparison late, at a step that depends on the seed. At the
     400 GenRM steps of the 12-02 recipe seeds 0-4 judged the policy's samples at AUC 0.55-0.97,
-    which made this band a knife edge; at 600 (the default since 12-04) seeds 0, 1, 3, 4 judged at
+    which made this band a knife edge; at 600 (the default since 12-04) seeds 0-4 judged at
     0.88-0.99 (BENCHMARKS.md 'Tiny bootstrap'). A failure here after a change to the SFT's numerics
     calls for a re-ship (`python -m pivotrl.models.bootstrap --ship`) and a look at its figures."""
     torch.set_num_threads(1)
