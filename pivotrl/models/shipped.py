@@ -11,9 +11,9 @@ of SFT. Anything else (another recipe, seed or size) is built as before.
 
 Why ship it: the default bootstrap is ~5.5 minutes of single-threaded SFT on a quiet 2-core
 machine (more on a busy one), more than the RL run it prepares; the shipped folders are ~12 MB. The
-recipe is seeded, so a rebuild reproduces them (`tests/models/test_shipped.py`: the rebuilt entry's
-report lands in the shipped one's band; a recipe change that moves the default key without a
-re-ship fails the fast test).
+recipe is seeded, so a rebuild with the same code on the same kind of host reproduces them
+(`tests/models/test_shipped.py`: the rebuilt entry's report lands in the shipped one's band; a
+recipe change that moves the default key without a re-ship fails the fast test).
 
 Rebuild (after changing the bootstrap recipe or its defaults):
     python -m pivotrl.models.bootstrap --ship

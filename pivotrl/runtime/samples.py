@@ -4,10 +4,11 @@ the GRPO batches handed to the trainer.
 Owns the mapping of global sample ids (`batch * P * G + prompt * G + index`, `deploy/events.py`)
 to training examples (`LocalPrompts`, the controller's `PromptSource`), which responses share a
 judgement (`SharedJudgements`), how each role's request is built (sampling settings:
-`algo.rollout_temperature` and `data.max_response_length` for the policy, `models.genrm.judge` for the GenRM), the judge prompt of a finished response (rendered by
-the GenRM's own tokenizer and chat template, `models.genrm.chat`), the reward of a judgement, and
-the train batch of a list of samples, and how many tokens the judge template adds to a prompt
-(`judge_template_tokens`, measured at start with the GenRM's tokenizer). Policy and GenRM are
+`algo.rollout_temperature` and `data.max_response_length` for the policy, `models.genrm.judge` for
+the GenRM), the judge prompt of a finished response (rendered by the GenRM's own tokenizer and chat
+template, `models.genrm.chat`), the reward of a judgement, and the train batch of a list of
+samples, and how many tokens the judge template adds to a prompt (`judge_template_tokens`,
+measured at start with the GenRM's tokenizer). Policy and GenRM are
 separate models end to end: each decodes its own tokens. Knows nothing about devices or Ray.
 """
 from __future__ import annotations

@@ -71,13 +71,14 @@ def test_a_rebuilt_bootstrap_lands_in_the_shipped_band(tmp_path) -> None:
     """The default recipe built afresh (about 5.5 min of single-threaded SFT on a quiet machine):
     its held-out figures are those of the shipped copy, within sampling noise.
 
-    The recipe is seeded and its SFT deterministic on one host, so on the host that shipped it the
-    rebuild is the ship; another host's kernels can move it a little (the 12-02 ship's policy
-    judged 0.255 / 0.645 sampled / greedy, rebuilt here on 12-04 0.28 / 0.625). The GenRM is what
-    moves most: it learns its final comparison late, at a step that depends on the seed. At the
-    400 GenRM steps of the 12-02 recipe seeds 0-4 judged the policy's samples at AUC 0.55-0.97,
-    which made this band a knife edge; at 600 (the default since 12-04) seeds 0-4 judged at
-    0.88-0.99 (BENCHMARKS.md 'Tiny bootstrap'). A failure here after a change to the SFT's numerics
+    The recipe is seeded and its SFT deterministic: rebuilt with the same code on the host that
+    shipped it, both models' weights were byte-identical to the ship (12-04). Other code around the
+    SFT or another host can move it a little (the 12-02 ship's policy scored 0.255 / 0.645 sampled
+    / greedy, the 12-04 rebuild 0.28 / 0.625; which of the two moved it was not measured). The
+    GenRM is what moves most: it learns its final comparison late, at a step that depends on the
+    seed. At the 400 GenRM steps of the 12-02 recipe seeds 0-4 judged the policy's samples at AUC
+    0.55-0.97, which made this band a knife edge; at 600 (the default since 12-04) seeds 0-4
+    judged at 0.88-0.99 (BENCHMARKS.md 'Tiny bootstrap'). A failure here after a change to the SFT's numerics
     calls for a re-ship (`python -m pivotrl.models.bootstrap --ship`) and a look at its figures."""
     torch.set_num_threads(1)
     r = bootstrap(BootstrapConfig(cache_dir=str(tmp_path)), DataConfig(), progress=False, shipped=False).report
