@@ -372,7 +372,8 @@ class DeviceDriver:
         self.training.finish()
         ex = self.ex
         return {**self.stats.summary(RunFacts(
-            shift_log=ex.shift_log, tau_shift=self.ctrl.tau_shift, trained_ids=self.training.trained_ids,
+            shift_log=ex.shift_log, tau_shift=self.ctrl.tau_shift, samples_trained=self.training.trained.count,
+            samples_trained_unique=self.training.trained.unique,
             policy_version=self.ctrl.pipe.version, deaths=ex.deaths, lost_devices=sorted(ex.retired),
             recoveries=ex.recoveries, wall_s=self.now)), "genrm_parse": self.s.parse_watch.summary()}
 

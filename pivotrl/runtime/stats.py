@@ -27,8 +27,9 @@ class RunFacts:
     """Every shift the executor carried out (`Executor.shift_log`)."""
     tau_shift: Mapping[Role, float]
     """The controller's shift-time estimate per role at the end."""
-    trained_ids: list[int]
-    """Every sample id trained, in order (a repeat would be a bug: reported as unique vs all)."""
+    samples_trained: int
+    samples_trained_unique: int
+    """Distinct samples among them (`TrainedOnce.unique`: a repeat would be a bug)."""
     policy_version: int
     deaths: list[Death]
     """Every device death (each respawned the device once)."""
@@ -87,7 +88,7 @@ class RealStats:
             "num_shifts": c["shifts"], "shift_log": f.shift_log,
             "tau_shift": {r.value: v for r, v in f.tau_shift.items()},
             "train_busy_device_s": self.train_busy_s, "device_seconds_by_role": dict(self.held),
-            "samples_trained": len(f.trained_ids), "samples_trained_unique": len(set(f.trained_ids)),
+            "samples_trained": f.samples_trained, "samples_trained_unique": f.samples_trained_unique,
             "policy_version": f.policy_version, "device_deaths": c["device_deaths"],
             # every death respawns the device once; a crash-looping one then leaves the pool
             "respawns": len(f.deaths), "lost_devices": sorted(f.lost_devices),

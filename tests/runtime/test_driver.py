@@ -136,7 +136,7 @@ def test_a_written_step_leaves_the_ledger():
 
 def test_training_hands_over_each_batchs_ids_and_metrics_once(monkeypatch):
     """`TrainingSteps` keeps a trained batch's sample ids and step metrics until its row takes
-    them (`take`, once), refuses a sample trained before, and keeps every id for the summary."""
+    them (`take`, once), refuses a sample trained before, and counts every id for the summary."""
     from types import SimpleNamespace
 
     import pytest
@@ -158,6 +158,30 @@ def test_training_hands_over_each_batchs_ids_and_metrics_once(monkeypatch):
             led.rewards[sid] = SimpleNamespace(total=1.0)
         t.run(StartTraining(b, b, ids, 10, (0,)))
     assert t.take(0) == ([3, 1, 2], {"version": 1, "loss": 0.5})
-    assert t.take(0) == ([], {}) and t.take(1)[0] == [4, 5] and t.trained_ids == [3, 1, 2, 4, 5]
+    assert t.take(0) == ([], {}) and t.take(1)[0] == [4, 5] and t.trained.count == t.trained.unique == 5
     with pytest.raises(RuntimeError, match=r"samples \[1\] would be trained twice"):
         t.run(StartTraining(2, 2, [1, 6], 10, (0,)))
+    assert t.trained.count == 5 and t.take(2) == ([], {}), "a refused batch is neither counted nor trained"
+
+
+def test_trained_once_refuses_repeats_across_and_within_batches():
+    """`TrainedOnce`: ids marked one byte each (grown as ids grow), a repeat refused whether it
+    was trained in an earlier batch or comes twice in one, and the refused batch not marked."""
+    import pytest
+
+    from pivotrl.runtime.training import TrainedOnce
+
+    t = TrainedOnce()
+    t.add([])
+    t.add([0, 2, 1])
+    t.add(range(3, 1000))
+    assert t.count == t.unique == 1000
+    with pytest.raises(RuntimeError, match=r"samples \[2, 5\] would be trained twice"):
+        t.add([5, 1500, 2])
+    with pytest.raises(RuntimeError, match=r"samples \[1001\] would be trained twice"):
+        t.add([1001, 1002, 1001])
+    with pytest.raises(ValueError, match="sample ids are >= 0, got -1"):
+        t.add([-1])
+    assert t.count == t.unique == 1000, "nothing of a refused batch counts"
+    t.add([1500, 1001])
+    assert t.count == t.unique == 1002

@@ -34,11 +34,12 @@ def test_summary_reports_the_run_facts_with_its_own_counts():
     st.hold([Role.ROLLOUT, None], 2.0)
     st.train_busy_s = 6.0
     death = Death(device=1, role=Role.REWARD, slot=None, why="test", generation=1)
-    s = st.summary(RunFacts(shift_log=[{"plan": 1}], tau_shift={Role.REWARD: 3.0}, trained_ids=[5, 6, 7],
+    s = st.summary(RunFacts(shift_log=[{"plan": 1}], tau_shift={Role.REWARD: 3.0}, samples_trained=3,
+                            samples_trained_unique=2,
                             policy_version=2, deaths=[death, death], lost_devices=[3, 1],
                             recoveries=[{"version": 1}], wall_s=12.5))
     assert s["num_shifts"] == 4 and s["shift_log"] == [{"plan": 1}] and s["tau_shift"] == {"reward": 3.0}
-    assert s["samples_trained"] == 3 and s["samples_trained_unique"] == 3 and s["policy_version"] == 2
+    assert s["samples_trained"] == 3 and s["samples_trained_unique"] == 2 and s["policy_version"] == 2
     assert s["respawns"] == 2 and s["device_deaths"] == 2 and s["lost_devices"] == [1, 3]
     assert s["device_seconds_by_role"] == {"rollout": 2.0, "reward": 0.0, "train": 0.0, "free": 2.0}
     assert s["train_busy_device_s"] == 6.0 and s["batches_without_behaviour_logprobs"] == 1 and s["wall_s"] == 12.5
