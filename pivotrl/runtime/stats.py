@@ -28,6 +28,7 @@ class RunFacts:
     tau_shift: Mapping[Role, float]
     """The controller's shift-time estimate per role at the end."""
     samples_trained: int
+    """Samples trained (`TrainedOnce.count`)."""
     samples_trained_unique: int
     """Distinct samples among them (`TrainedOnce.unique`: a repeat would be a bug)."""
     policy_version: int
