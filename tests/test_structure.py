@@ -6,10 +6,12 @@
 - No import cycles between the project's modules, counting deferred (function-level) imports too:
   a deferred import hides a cycle from Python, not from a reader.
 - No module of the package is over `MAX_LINES` lines (issue 20: a longer one is split along its seams).
+- The README's file map names every package and top-level module, and every file it names exists.
 """
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,3 +92,28 @@ def test_config_imports_no_layer_above_it():
         assert not bad, f"pivotrl/config/{p.name} imports {bad}"
     # the registry's own deferred import is the config's error type only
     assert _module_imports(PKG / "registry.py") <= {"pivotrl.config.base"}
+
+
+def test_the_readme_file_map_is_true():
+    """Each entry of README.md's file map (a path at the start of a line) exists, as does each file
+    it names (`a/b.py` from the repository root, a bare `b.py` at the root or under the entry it
+    describes), and every package and top-level module of `pivotrl/` has an entry."""
+    block = (ROOT / "README.md").read_text().split("## File map", 1)[1].split("```")[1]
+    entries, missing, here = set(), [], ROOT
+    for line in block.splitlines():
+        if line and not line[0].isspace():
+            head = line.split()[0]
+            entries.add(head.rstrip("/"))
+            here = ROOT / head if head.endswith("/") else (ROOT / head).parent
+            line = line[len(head):]
+        for name in re.findall(r"[\w./-]*\w\.(?:py|sh|md|yaml)\b", line):
+            if name.startswith("../"):
+                continue  # outside the repository (the shared design documents)
+            if not (ROOT / name).exists() and ("/" in name or not any(here.rglob(name))):
+                missing.append(f"{name} (under {here.relative_to(ROOT)})")
+    assert not missing, f"README.md's file map names files that do not exist: {missing}"
+    gone = sorted(e for e in entries if not (ROOT / e).exists())
+    assert not gone, f"README.md's file map has entries that do not exist: {gone}"
+    packages = {f"pivotrl/{p.name}" for p in PKG.iterdir() if (p / "__init__.py").is_file()}
+    modules = {f"pivotrl/{p.name}" for p in PKG.glob("*.py") if p.stem not in ("__init__", "__main__")}
+    assert not (packages | modules) - entries, f"not in README.md's file map: {sorted((packages | modules) - entries)}"
