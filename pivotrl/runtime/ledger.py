@@ -87,7 +87,7 @@ def _placed_on(dev: np.ndarray, sids: np.ndarray, device: int) -> np.ndarray:
     return ok
 
 
-def _grown(a: np.ndarray, size: int, fill: Any) -> np.ndarray:
+def grown(a: np.ndarray, size: int, fill: Any) -> np.ndarray:
     """`a` extended with `fill` to at least `size` entries (doubling, so growth is amortised)."""
     if size <= len(a):
         return a
@@ -118,7 +118,7 @@ class _TokenRows:
 
     def rows_for(self, sids: np.ndarray) -> np.ndarray:
         """The rows of `sids` (each a sequence with tokens to write), new ones made empty."""
-        self.row = _grown(self.row, int(sids.max()) + 1, -1)
+        self.row = grown(self.row, int(sids.max()) + 1, -1)
         rows = self.row[sids]
         for i in np.flatnonzero(rows < 0):  # first tokens of these sequences
             rows[i] = self.row[sids[i]] = self._new_row()
@@ -129,8 +129,8 @@ class _TokenRows:
             b = len(self.ids)
             self.ids.append(np.zeros((self.BLOCK, self.width), dtype=np.int64))
             self.lps.append(np.zeros((self.BLOCK, self.width), dtype=np.float64))
-            self.n = _grown(self.n, (b + 1) * self.BLOCK, 0)
-            self.known = _grown(self.known, (b + 1) * self.BLOCK, True)
+            self.n = grown(self.n, (b + 1) * self.BLOCK, 0)
+            self.known = grown(self.known, (b + 1) * self.BLOCK, True)
             self.free = list(range((b + 1) * self.BLOCK - 1, b * self.BLOCK - 1, -1))
         r = self.free.pop()
         self.n[r], self.known[r] = 0, True
@@ -279,7 +279,7 @@ class SequenceLedger:
     def _place_as(self, role: Role, seq_id: int, device: int) -> None:
         if seq_id < 0:
             raise ValueError(f"SequenceLedger: sequence ids are non-negative (sample ids), got {seq_id}")
-        self._dev[role] = _grown(self._dev[role], seq_id + 1, -1)
+        self._dev[role] = grown(self._dev[role], seq_id + 1, -1)
         self._dev[role][seq_id] = device
 
     def place(self, role: Role, seq_id: int, device: int) -> bool:

@@ -8,8 +8,8 @@ judgement (`SharedJudgements`), how each role's request is built (sampling setti
 the GenRM), the judge prompt of a finished response (rendered by the GenRM's own tokenizer and chat
 template, `models.genrm.chat`), the reward of a judgement, and the train batch of a list of
 samples, and how many tokens the judge template adds to a prompt (`judge_template_tokens`,
-measured at start with the GenRM's tokenizer). Policy and GenRM are
-separate models end to end: each decodes its own tokens. Knows nothing about devices or Ray.
+measured at start with the GenRM's tokenizer). Policy and GenRM are separate models end to end:
+each decodes its own tokens. Knows nothing about devices or Ray.
 """
 from __future__ import annotations
 

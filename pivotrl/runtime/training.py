@@ -34,6 +34,7 @@ import numpy as np
 
 from pivotrl.core.types import Role
 from pivotrl.runtime.faults import point
+from pivotrl.runtime.ledger import grown
 from pivotrl.runtime.outcomes import ShiftResult, TrainingRankDied, TrainingResult
 
 if TYPE_CHECKING:
@@ -67,10 +68,7 @@ class TrainedOnce:
             return
         if ids.min() < 0:
             raise ValueError(f"sample ids are >= 0, got {int(ids.min())}")
-        if ids.max() >= len(self._marked):
-            grown = np.zeros(max(int(ids.max()) + 1, 2 * len(self._marked)), dtype=bool)
-            grown[:len(self._marked)] = self._marked
-            self._marked = grown
+        self._marked = grown(self._marked, int(ids.max()) + 1, False)
         ids_once, n = np.unique(ids, return_counts=True)
         dup = np.union1d(ids_once[n > 1], ids_once[self._marked[ids_once]])
         if len(dup):
